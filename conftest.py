@@ -1,0 +1,13 @@
+"""Repository-wide pytest hooks (unit tests and nbval runs alike)."""
+
+from __future__ import annotations
+
+import torch
+
+torch.set_num_threads(1)
+
+
+def pytest_collectstart(collector):  # noqa: ANN001 - pytest hook signature
+    """nbval: stderr (warnings, progress bars) carries no claim, so it is never compared."""
+    if collector.fspath and collector.fspath.ext == ".ipynb":
+        collector.skip_compare += ("stderr",)

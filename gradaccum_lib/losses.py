@@ -1,0 +1,128 @@
+"""Loss functions that follow the series' contract: ``(summed_loss, num_items)``.
+
+Each returns the SUM of per-item losses and the number of items it covers; the accumulation
+code divides by the window's total. :func:`info_nce_loss` is the counter-example: with in-batch
+negatives, one item's loss depends on the other items, so it does not decompose over
+micro-batches at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .equivalence import Gradients, collected_gradients, model_restored
+
+__all__ = [
+    "cross_entropy_sum",
+    "info_nce_cached_gradients",
+    "info_nce_from_embeddings",
+    "info_nce_loss",
+    "sample_classification_loss",
+    "token_classification_loss",
+]
+
+
+def cross_entropy_sum(
+    logits: Tensor, targets: Tensor, *, ignore_index: int = -100, weight: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Return (sum of per-item cross-entropies, number of non-ignored items).
+
+    With class ``weight``, the "items" are weighted: the count is the sum of the targets'
+    weights, which is exactly what ``F.cross_entropy(..., weight=w, reduction="mean")``
+    divides by.
+    """
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    flat_targets = targets.reshape(-1)
+    summed = nn.functional.cross_entropy(
+        flat_logits, flat_targets, weight=weight, ignore_index=ignore_index, reduction="sum"
+    )
+    kept = flat_targets != ignore_index
+    if weight is None:
+        count = kept.sum()
+    else:
+        count = weight.to(flat_logits.dtype)[flat_targets[kept]].sum()
+    return summed, count
+
+
+def sample_classification_loss(model: nn.Module, batch: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    """Loss function for ``(inputs, labels)`` batches: summed cross-entropy, sample count."""
+    inputs, labels = batch
+    return cross_entropy_sum(model(inputs), labels)
+
+
+def token_classification_loss(
+    model: nn.Module, batch: Mapping[str, Tensor]
+) -> tuple[Tensor, Tensor]:
+    """Loss function for token batches ``{"input_ids", "labels"}``: summed over real tokens.
+
+    Padding tokens carry the label -100 and count for nothing, so ``num_items`` is the number
+    of real tokens in the micro-batch.
+    """
+    return cross_entropy_sum(model(batch["input_ids"]), batch["labels"])
+
+
+def info_nce_from_embeddings(
+    anchor_embeddings: Tensor, positive_embeddings: Tensor, *, temperature: float = 0.5
+) -> tuple[Tensor, Tensor]:
+    """InfoNCE of paired embeddings, summed over anchors: row i's positive is column i, every
+    other column is a negative. Returns (summed loss, number of anchors).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0; got {temperature}")
+    anchors = nn.functional.normalize(anchor_embeddings, dim=-1)
+    positives = nn.functional.normalize(positive_embeddings, dim=-1)
+    logits = anchors @ positives.T / temperature
+    targets = torch.arange(logits.shape[0], device=logits.device)
+    return cross_entropy_sum(logits, targets)
+
+
+def info_nce_loss(
+    model: nn.Module, batch: Sequence[Tensor], *, temperature: float = 0.5
+) -> tuple[Tensor, Tensor]:
+    """InfoNCE with in-batch negatives for ``(anchors, positives)``: summed over anchors.
+
+    Anchor i's positive is positives[i]; every other positive in the SAME batch is a negative,
+    so the loss of a sample changes when the batch around it changes.
+    """
+    anchors, positives = batch
+    return info_nce_from_embeddings(model(anchors), model(positives), temperature=temperature)
+
+
+def info_nce_cached_gradients(
+    model: nn.Module, micro_batches: Iterable[Sequence[Tensor]], *, temperature: float = 0.5
+) -> Gradients:
+    """Return the gradient of the FULL-batch InfoNCE loss while holding one micro-batch's
+    graph at a time (gradient caching, Gao et al. 2021, arXiv:2101.06983).
+
+    1. embed every micro-batch without a graph; 2. compute the loss over all embeddings and
+    its gradient with respect to the embeddings; 3. re-embed each micro-batch with a graph and
+    backpropagate those cached embedding gradients. Exact for deterministic encoders (with
+    dropout, step 3 must replay step 1's random state).
+    """
+    micro_batches = list(micro_batches)
+    if not micro_batches:
+        raise ValueError("micro_batches is empty; it needs at least one micro-batch")
+    with model_restored(model):
+        with torch.no_grad():
+            anchors = torch.cat([model(a) for a, _ in micro_batches])
+            positives = torch.cat([model(p) for _, p in micro_batches])
+        anchors.requires_grad_(True)
+        positives.requires_grad_(True)
+        summed_loss, num_items = info_nce_from_embeddings(
+            anchors, positives, temperature=temperature
+        )
+        anchor_grads, positive_grads = torch.autograd.grad(
+            summed_loss / num_items, (anchors, positives)
+        )
+        start = 0
+        for micro_anchors, micro_positives in micro_batches:
+            rows = slice(start, start + micro_anchors.shape[0])
+            surrogate = (model(micro_anchors) * anchor_grads[rows]).sum() + (
+                model(micro_positives) * positive_grads[rows]
+            ).sum()
+            surrogate.backward()
+            start = rows.stop
+        return collected_gradients(model, 1.0)

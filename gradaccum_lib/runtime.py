@@ -1,0 +1,97 @@
+"""Device choice, seeding, determinism and the size profile (``GRADACCUM_PROFILE``)."""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = [
+    "PROFILES",
+    "Profile",
+    "choose_device",
+    "get_profile",
+    "make_generator",
+    "make_deterministic",
+    "set_seed",
+]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Problem sizes for the notebooks: ``ci`` runs every notebook in well under a minute on
+    2 CPU cores, ``cpu`` is a laptop session, ``gpu`` is for real hardware.
+    """
+
+    name: str
+    num_samples: int  # samples in the demonstration batch of the math notebook
+    input_dim: int
+    hidden_dim: int
+    num_classes: int
+    sequence_length: int  # longest sequence of the token-level demonstrations
+    vocab_size: int  # vocabulary of the toy token models
+    dropout_draws: int  # random draws averaged to show "equal in expectation"
+
+
+PROFILES: dict[str, Profile] = {
+    "ci": Profile("ci", 64, 16, 32, 4, 24, 50, 200),
+    "cpu": Profile("cpu", 256, 32, 64, 4, 48, 200, 1000),
+    "gpu": Profile("gpu", 4096, 128, 512, 8, 256, 5000, 4000),
+}
+
+
+def get_profile(name: str | None = None) -> Profile:
+    """Return the profile named ``name``, else ``$GRADACCUM_PROFILE``, else ``gpu`` when CUDA is
+    present and ``cpu`` otherwise.
+    """
+    if name is None:
+        name = os.environ.get("GRADACCUM_PROFILE") or (
+            "gpu" if torch.cuda.is_available() else "cpu"
+        )
+    if name not in PROFILES:
+        raise ValueError(
+            f"profile must be one of {sorted(PROFILES)} (argument or GRADACCUM_PROFILE); "
+            f"got {name!r}"
+        )
+    return PROFILES[name]
+
+
+def choose_device(preferred: str | None = None) -> torch.device:
+    """Return ``preferred`` if given, else the best available device: cuda > mps > cpu."""
+    if preferred is not None:
+        return torch.device(preferred)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def set_seed(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's (all devices') global generators with ``seed``."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int; got {seed!r}")
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def make_generator(seed: int, device: str | torch.device = "cpu") -> torch.Generator:
+    """Return a fresh ``torch.Generator`` on ``device`` seeded with ``seed``."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int; got {seed!r}")
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def make_deterministic(threads: int | None = 1) -> None:
+    """Use deterministic algorithms (and ``threads`` intra-op threads unless None)."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    if threads is not None:
+        if not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be a positive int or None; got {threads!r}")
+        torch.set_num_threads(threads)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

@@ -1,0 +1,71 @@
+"""The set-up files agree with each other, and the notebooks are committed executed."""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+PIN = re.compile(r"^([A-Za-z0-9_.\-]+)==([^\s;]+)$")
+
+
+def _pins(requirements: list[str], source: str) -> dict[str, str]:
+    pins = {}
+    for requirement in requirements:
+        match = PIN.match(requirement.strip())
+        assert match, f"{source}: {requirement!r} is not pinned exactly (name==version)"
+        pins[match.group(1).lower().replace("_", "-")] = match.group(2)
+    return pins
+
+
+def _pyproject_pins() -> dict[str, str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = project["dependencies"] + project["optional-dependencies"]["dev"]
+    return _pins(requirements, "pyproject.toml")
+
+
+def _environment_pins() -> dict[str, str]:
+    environment = yaml.safe_load((ROOT / "environment.yml").read_text())
+    assert environment["channels"] == ["conda-forge"]
+    conda = [d for d in environment["dependencies"] if isinstance(d, str)]
+    assert "python=3.11" in conda
+    pip_section = next(d["pip"] for d in environment["dependencies"] if isinstance(d, dict))
+    return _pins([r for r in pip_section if not r.startswith("-")], "environment.yml")
+
+
+def test_environment_yml_pins_the_same_packages_as_pyproject():
+    assert _environment_pins() == _pyproject_pins()
+
+
+def test_torch_is_pinned_exactly_and_transformers_is_5x():
+    pins = _pyproject_pins()
+    assert pins["torch"] == "2.13.0"
+    assert pins["transformers"].startswith("5.")
+    assert pins["ipywidgets"].startswith("8.")
+    assert pins["nbval"].startswith("0.11.")
+
+
+def test_ci_runs_the_readme_test_command():
+    assert "make test" in (ROOT / "README.md").read_text()
+    commands = [line for line in (ROOT / ".ci/run").read_text().splitlines()
+                if line and not line.startswith("#") and not line.startswith("set ")
+                and not line.startswith("cd ")]
+    assert commands == ["make test"]
+
+
+def test_notebooks_are_committed_executed_in_order_without_errors():
+    notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
+    assert notebooks, "no notebooks found"
+    for path in notebooks:
+        assert re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", path.name), path.name
+        notebook = json.loads(path.read_text())
+        code = [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
+        counts = [cell["execution_count"] for cell in code]
+        assert counts == list(range(1, len(code) + 1)), f"{path.name}: re-run `make notebooks`"
+        errors = [o for cell in code for o in cell["outputs"] if o["output_type"] == "error"]
+        assert not errors, f"{path.name}: committed with an error output"
+        assert notebook["metadata"]["kernelspec"]["name"] == "python3"
