@@ -13,6 +13,7 @@ variable-length sequences give exactly the large-batch gradient.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
@@ -170,11 +171,11 @@ def check_loss_output(output: object, micro_step: int) -> tuple[Tensor, float]:
                 f"got a tensor of shape {tuple(num_items.shape)} at micro-batch {micro_step}"
             )
         count = float(num_items.detach().reshape(()).item())
-    elif _is_int(num_items):
+    elif isinstance(num_items, numbers.Real) and not isinstance(num_items, bool):
         count = float(num_items)
     else:
         raise TypeError(
-            "loss_fn's num_items must be an int or a one-element Tensor; "
+            "loss_fn's num_items must be a number (int, float) or a one-element Tensor; "
             f"got {type(num_items).__name__} at micro-batch {micro_step}"
         )
     if not (math.isfinite(count) and count >= 0):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -146,7 +147,9 @@ def test_non_finite_loss_names_its_micro_step(problem):
     [
         (lambda m, b: m(b[0]).sum(), TypeError, r"must return a tuple \(summed_loss, num_items\)"),
         (lambda m, b: (m(b[0]), 3), TypeError, r"0-dim Tensor .* shape \(37, 3\)"),
-        (lambda m, b: (m(b[0]).sum(), 2.5), TypeError, r"num_items must be an int or"),
+        (lambda m, b: (m(b[0]).sum(), "3"), TypeError, r"num_items must be a number .* got str"),
+        (lambda m, b: (m(b[0]).sum(), True), TypeError, r"num_items must be a number .* got bool"),
+        (lambda m, b: (m(b[0]).sum(), float("nan")), ValueError, r"finite and >= 0; got nan"),
         (lambda m, b: (m(b[0]).sum(), -1), ValueError, r"num_items must be finite and >= 0"),
         (lambda m, b: (m(b[0]).sum(), torch.ones(2)), ValueError, r"single number .* shape \(2,\)"),
         (lambda m, b: (m(b[0]).sum(), 0), ValueError, r"covers no items"),
@@ -157,6 +160,15 @@ def test_bad_loss_outputs_are_explained(problem, loss_fn, error, message):
     model, batch = problem
     with pytest.raises(error, match=message):
         accumulated_gradients(model, loss_fn, [batch])
+
+
+def test_numpy_and_float_counts_are_accepted(problem):
+    model, (inputs, labels) = problem
+    full = full_batch_gradients(model, lambda m, b: (
+        torch.nn.functional.cross_entropy(m(b[0]), b[1], reduction="sum"), np.int64(len(b[1]))
+    ), (inputs, labels))
+    reference = full_batch_gradients(model, sample_classification_loss, (inputs, labels))
+    assert max_gradient_difference(full, reference) == 0.0
 
 
 def test_float_tensor_num_items_is_a_total_weight(problem):
