@@ -14,22 +14,29 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 import torch
 from torch import Tensor, nn
+from tqdm.auto import tqdm
 
 Batch: TypeAlias = Tensor | Sequence[Tensor] | Mapping[str, Tensor]
 LossFn: TypeAlias = Callable[[nn.Module, Any], tuple[Tensor, int | Tensor]]
 
 __all__ = [
+    "AccumulationTrainer",
     "Batch",
     "LossFn",
     "NonFiniteLossError",
     "batch_size",
     "check_loss_output",
     "split_into_micro_batches",
+    "TrainingHistory",
+    "WindowRecord",
+    "windows_of",
 ]
 
 
@@ -146,11 +153,14 @@ def split_into_micro_batches(
     return [_rebuild(batch, parts, index) for index in range(count)]
 
 
-def check_loss_output(output: object, micro_step: int) -> tuple[Tensor, float]:
+def check_loss_output(
+    output: object, micro_step: int, *, check_finite: bool = True
+) -> tuple[Tensor, float]:
     """Return ``(summed_loss, num_items)`` from a loss function's output, validated.
 
     ``num_items`` comes back as a Python float (exact for counts below 2**53). A non-finite
-    loss raises :class:`NonFiniteLossError` naming ``micro_step``.
+    loss raises :class:`NonFiniteLossError` naming ``micro_step`` (unless ``check_finite`` is
+    False: the training loop checks a whole window at once, to synchronise once per window).
     """
     if not isinstance(output, tuple) or len(output) != 2:
         raise TypeError(
@@ -183,6 +193,281 @@ def check_loss_output(output: object, micro_step: int) -> tuple[Tensor, float]:
             f"loss_fn's num_items must be finite and >= 0; got {count} "
             f"at micro-batch {micro_step}"
         )
-    if not torch.isfinite(summed_loss.detach()).item():
+    if check_finite and not torch.isfinite(summed_loss.detach()).item():
         raise NonFiniteLossError(micro_step, summed_loss.item())
     return summed_loss, count
+
+
+# --------------------------------------------------------------------------------------------
+# The training loop: one optimizer step per window of micro-batches.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WindowRecord:
+    """What one optimizer step saw: its window, items, item-weighted loss, gradient norm
+    (of the accumulated gradient, before clipping) and the learning rate it used.
+    """
+
+    epoch: int
+    window: int
+    micro_steps: int
+    items: float
+    loss: float
+    grad_norm: float
+    learning_rate: float
+
+
+@dataclass
+class TrainingHistory:
+    """Per-window records of a training run, in order."""
+
+    records: list[WindowRecord] = field(default_factory=list)
+
+    def column(self, name: str) -> list[float]:
+        """Return one field of every record, e.g. ``column("loss")``."""
+        if name not in WindowRecord.__dataclass_fields__:
+            raise ValueError(f"name must be one of {list(WindowRecord.__dataclass_fields__)}; "
+                             f"got {name!r}")
+        return [getattr(record, name) for record in self.records]
+
+    def as_dict(self) -> dict[str, list[float]]:
+        """Return the history as columns (a dict of lists, safe for ``weights_only`` loads)."""
+        return {name: self.column(name) for name in WindowRecord.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, columns: Mapping[str, Sequence[float]]) -> TrainingHistory:
+        """Rebuild a history from :meth:`as_dict`'s columns."""
+        names = list(WindowRecord.__dataclass_fields__)
+        rows = zip(*(columns[name] for name in names), strict=True)
+        return cls([WindowRecord(**dict(zip(names, row, strict=True))) for row in rows])
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+def _at_least_fp32(tensor: Tensor) -> Tensor:
+    """``tensor`` in float32 if it is in a 16-bit type (autocast), else unchanged."""
+    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
+
+
+def windows_of(micro_batches: Iterable[Batch], accumulation_steps: int) -> Iterator[list[Batch]]:
+    """Yield lists of ``accumulation_steps`` consecutive micro-batches; the last may be shorter."""
+    window: list[Batch] = []
+    for micro_batch in micro_batches:
+        window.append(micro_batch)
+        if len(window) == accumulation_steps:
+            yield window
+            window = []
+    if window:
+        yield window
+
+
+class AccumulationTrainer:
+    """Gradient accumulation done right, for one process (DDP adds ``no_sync``: notebook 05).
+
+    Per window of up to ``accumulation_steps`` micro-batches: ``zero_grad(set_to_none=True)``
+    once; forward and backward after EVERY micro-batch (one graph alive at a time); then the
+    accumulated gradient is rescaled to the mean over the window's real item count (so a partial
+    last window and uneven token counts are exact); unscaled once (fp16 ``GradScaler``); clipped
+    once; one optimizer step; one scheduler step.
+
+    Each micro-batch's summed loss is backpropagated divided by a provisional normaliser (its
+    item count times the window length) to keep gradients at mean-loss scale; at the end of
+    the window, when the real count N is known, the gradient is multiplied by provisional/N.
+    Gradients are linear in the loss, so this is exact.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: LossFn,
+        optimizer: torch.optim.Optimizer,
+        *,
+        accumulation_steps: int,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+        max_grad_norm: float | None = None,
+        amp_dtype: torch.dtype | None = None,
+        progress: bool = True,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+        if not _is_int(accumulation_steps) or accumulation_steps < 1:
+            raise ValueError(
+                f"accumulation_steps must be a positive int; got {accumulation_steps!r}"
+            )
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be > 0 or None; got {max_grad_norm!r}")
+        if amp_dtype not in (None, torch.bfloat16, torch.float16):
+            raise ValueError(
+                f"amp_dtype must be None, torch.bfloat16 or torch.float16; got {amp_dtype!r}"
+            )
+        self.model = model
+        self.loss_fn = loss_fn
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.accumulation_steps = accumulation_steps
+        self.max_grad_norm = max_grad_norm
+        self.amp_dtype = amp_dtype
+        self.progress = progress
+        self.device_type = next(model.parameters()).device.type
+        # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range
+        self.scaler = (
+            torch.amp.GradScaler(self.device_type)
+            if amp_dtype == torch.float16 and self.device_type == "cuda"
+            else None
+        )
+        self.history = TrainingHistory()
+        self.epoch = 0
+        self.windows_done = 0  # windows finished in the current epoch (for resuming)
+        self.optimizer_steps = 0
+
+    def _parameters(self) -> list[nn.Parameter]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def train_epoch(
+        self,
+        micro_batches: Iterable[Batch],
+        *,
+        max_windows: int | None = None,
+        checkpoint_path: str | os.PathLike | None = None,
+        checkpoint_every: int | None = None,
+    ) -> TrainingHistory:
+        """Train on one epoch of micro-batches; return the history so far.
+
+        ``max_windows`` stops early (after that many windows of this epoch, counting resumed
+        ones); ``checkpoint_every`` windows a checkpoint is written to ``checkpoint_path``. A
+        trainer restored with :meth:`load_checkpoint` skips the windows already done, so the
+        same ``micro_batches`` must be passed in the same order.
+        """
+        if (checkpoint_path is None) != (checkpoint_every is None):
+            raise ValueError("give both checkpoint_path and checkpoint_every, or neither")
+        if checkpoint_every is not None and (not _is_int(checkpoint_every) or checkpoint_every < 1):
+            raise ValueError(f"checkpoint_every must be a positive int; got {checkpoint_every!r}")
+        total = None
+        if hasattr(micro_batches, "__len__"):
+            total = math.ceil(len(micro_batches) / self.accumulation_steps)
+        bar = tqdm(total=total, initial=self.windows_done, disable=not self.progress,
+                   desc=f"epoch {self.epoch}", unit="step")
+        for index, window in enumerate(windows_of(micro_batches, self.accumulation_steps)):
+            if index < self.windows_done:
+                continue  # already trained before a resume
+            if max_windows is not None and index >= max_windows:
+                bar.close()
+                return self.history
+            record = self.step_window(window)
+            self.windows_done = index + 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{record.loss:.4f}", lr=f"{record.learning_rate:.2e}")
+            if checkpoint_every is not None and self.windows_done % checkpoint_every == 0:
+                self.save_checkpoint(checkpoint_path)
+        bar.close()
+        self.epoch += 1
+        self.windows_done = 0
+        return self.history
+
+    def step_window(self, window: Sequence[Batch]) -> WindowRecord:
+        """Accumulate over ``window``'s micro-batches and take one optimizer step."""
+        if not window:
+            raise ValueError("window is empty; it needs at least one micro-batch")
+        self.optimizer.zero_grad(set_to_none=True)
+        summed_losses: list[Tensor] = []
+        total_items = 0.0
+        provisional = 0.0
+        for micro_step, micro_batch in enumerate(window):
+            with torch.autocast(self.device_type, dtype=self.amp_dtype or torch.bfloat16,
+                                enabled=self.amp_dtype is not None):
+                output = self.loss_fn(self.model, micro_batch)
+            summed_loss, num_items = check_loss_output(output, micro_step, check_finite=False)
+            if micro_step == 0:
+                provisional = max(num_items, 1.0) * len(window)
+            loss = _at_least_fp32(summed_loss) / provisional
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+            summed_losses.append(_at_least_fp32(summed_loss.detach()))
+            total_items += num_items
+        losses = torch.stack([loss.to(summed_losses[0].dtype) for loss in summed_losses])
+        finite = torch.isfinite(losses)
+        if not bool(finite.all()):  # one sync per window, and never a silent step
+            bad = int((~finite).nonzero()[0].item())
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(bad, losses[bad].item())
+        if total_items <= 0:
+            raise ValueError(f"window {self.windows_done} covers no items (every num_items was 0)")
+        parameters = self._parameters()
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # once per window, before clipping
+        with torch.no_grad():
+            for parameter in parameters:
+                if parameter.grad is not None:
+                    parameter.grad.mul_(provisional / total_items)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            parameters, self.max_grad_norm if self.max_grad_norm is not None else math.inf
+        )
+        learning_rate = float(self.optimizer.param_groups[0]["lr"])
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()  # per optimizer step, never per micro-batch
+        self.optimizer_steps += 1
+        record = WindowRecord(
+            epoch=self.epoch,
+            window=self.windows_done,
+            micro_steps=len(window),
+            items=total_items,
+            loss=losses.double().sum().item() / total_items,
+            grad_norm=float(grad_norm),
+            learning_rate=learning_rate,
+        )
+        self.history.records.append(record)
+        return record
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return everything needed to resume at this window boundary (tensors and plain data)."""
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "epoch": self.epoch,
+            "windows_done": self.windows_done,
+            "optimizer_steps": self.optimizer_steps,
+            "history": self.history.as_dict(),
+            "cpu_rng_state": torch.get_rng_state(),
+        }
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler.state_dict()
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
+        if torch.cuda.is_available():
+            state["cuda_rng_states"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        for key, part in (("scheduler", self.scheduler), ("scaler", self.scaler)):
+            if (key in state) != (part is not None):
+                raise ValueError(f"checkpoint and trainer disagree on having a {key}")
+            if part is not None:
+                part.load_state_dict(state[key])
+        self.epoch = int(state["epoch"])
+        self.windows_done = int(state["windows_done"])
+        self.optimizer_steps = int(state["optimizer_steps"])
+        self.history = TrainingHistory.from_dict(state["history"])
+        torch.set_rng_state(state["cpu_rng_state"])
+        if "cuda_rng_states" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng_states"])
+
+    def save_checkpoint(self, path: str | os.PathLike) -> None:
+        """Write :meth:`state_dict` to ``path`` (via a temporary file, so a crash leaves the
+        previous checkpoint intact)."""
+        temporary = f"{os.fspath(path)}.tmp"
+        torch.save(self.state_dict(), temporary)
+        os.replace(temporary, path)
+
+    def load_checkpoint(self, path: str | os.PathLike) -> None:
+        """Restore from a checkpoint, loading with ``torch.load(..., weights_only=True)``."""
+        device = next(self.model.parameters()).device
+        self.load_state_dict(torch.load(path, map_location=device, weights_only=True))

@@ -6,7 +6,12 @@ from collections.abc import Mapping, Sequence
 
 from matplotlib.figure import Figure
 
-__all__ = ["plot_errors"]
+from .memory import AccumulationPlan, MemoryBreakdown
+
+__all__ = ["plot_accumulation_plan", "plot_curves", "plot_errors", "plot_memory_breakdown"]
+
+MIB = 2**20
+PARTS = ("parameters", "gradients", "optimizer_state", "master_weights", "activations")
 
 
 def plot_errors(
@@ -50,5 +55,75 @@ def plot_errors(
     if title:
         axes.set_title(title)
     axes.grid(True, which="major", alpha=0.3)
+    axes.legend()
+    return figure
+
+
+def _stacked_memory_bars(axes, breakdowns: Mapping[str, MemoryBreakdown]) -> None:
+    labels = list(breakdowns)
+    bottoms = [0.0] * len(labels)
+    for part in PARTS:
+        heights = [getattr(breakdowns[label], part) / MIB for label in labels]
+        if not any(heights):
+            continue
+        axes.bar(labels, heights, bottom=bottoms, label=part.replace("_", " "))
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    axes.set_ylabel("MiB")
+    axes.legend(fontsize="small")
+
+
+def plot_memory_breakdown(
+    breakdowns: Mapping[str, MemoryBreakdown], *, title: str = "", xlabel: str = ""
+) -> Figure:
+    """Return stacked bars (MiB) of each named breakdown's parts."""
+    if not breakdowns:
+        raise ValueError("breakdowns must name at least one MemoryBreakdown")
+    figure = Figure(figsize=(6.4, 3.6), layout="constrained")
+    axes = figure.subplots()
+    _stacked_memory_bars(axes, breakdowns)
+    axes.set_xlabel(xlabel)
+    if title:
+        axes.set_title(title)
+    return figure
+
+
+def plot_accumulation_plan(plan: AccumulationPlan, without: AccumulationPlan) -> Figure:
+    """Return memory and time side by side: ``plan`` vs the same effective batch in one pass
+    (``without`` accumulation).
+    """
+    figure = Figure(figsize=(8.0, 3.4), layout="constrained")
+    memory_axes, time_axes = figure.subplots(1, 2)
+    labels = {
+        f"k={plan.accumulation_steps} x {plan.micro_batch_size}": plan,
+        f"k=1 x {without.micro_batch_size}": without,
+    }
+    _stacked_memory_bars(memory_axes, {label: p.memory for label, p in labels.items()})
+    memory_axes.set_title(f"memory per step (effective batch {plan.effective_batch_size})")
+    time_axes.bar(list(labels), [1e3 * p.window_seconds for p in labels.values()],
+                  color=["tab:blue", "tab:grey"])
+    time_axes.set_ylabel("ms per optimizer step (model)")
+    time_axes.set_title("time per optimizer step")
+    return figure
+
+
+def plot_curves(
+    curves: Mapping[str, Sequence[float]], *, xlabel: str, ylabel: str, title: str = ""
+) -> Figure:
+    """Return a line plot of named curves against their index (e.g. loss per window); later
+    curves are dashed so that coinciding curves stay visible.
+    """
+    if not curves:
+        raise ValueError("curves must name at least one curve")
+    figure = Figure(figsize=(6.4, 3.6), layout="constrained")
+    axes = figure.subplots()
+    styles = ["-", "--", ":", "-."]
+    for index, (name, values) in enumerate(curves.items()):
+        axes.plot(range(1, len(values) + 1), values, linestyle=styles[index % len(styles)],
+                  linewidth=2.5 if index == 0 else 1.5, label=name)
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    if title:
+        axes.set_title(title)
+    axes.grid(True, alpha=0.3)
     axes.legend()
     return figure

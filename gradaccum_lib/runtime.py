@@ -34,12 +34,17 @@ class Profile:
     sequence_length: int  # longest sequence of the token-level demonstrations
     vocab_size: int  # vocabulary of the toy token models
     dropout_draws: int  # random draws averaged to show "equal in expectation"
+    effective_batch_size: int  # samples per optimizer step in the single-device experiments
+    wide_hidden_dim: int  # width of the MLP whose memory and speed are measured
+    train_samples: int  # training set of the curves experiment
+    train_epochs: int
+    timing_repeats: int  # interleaved repeats per timing (medians are reported)
 
 
 PROFILES: dict[str, Profile] = {
-    "ci": Profile("ci", 64, 16, 32, 4, 24, 50, 200),
-    "cpu": Profile("cpu", 256, 32, 64, 4, 48, 200, 1000),
-    "gpu": Profile("gpu", 4096, 128, 512, 8, 256, 5000, 4000),
+    "ci": Profile("ci", 64, 16, 32, 4, 24, 50, 200, 256, 512, 200, 3, 5),
+    "cpu": Profile("cpu", 256, 32, 64, 4, 48, 200, 1000, 512, 1024, 1000, 8, 9),
+    "gpu": Profile("gpu", 4096, 128, 512, 8, 256, 5000, 4000, 4096, 4096, 8192, 20, 15),
 }
 
 

@@ -1,0 +1,112 @@
+"""Timing harness: interleaved repeats, medians with min-max, and a linear step-time model.
+
+These machines are noisy, so comparisons are measured side by side in one run, A and B
+interleaved (the order rotated each repeat), after a warm-up; report ratios, not absolute
+times.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["StepTimeModel", "Timing", "fit_step_time", "time_interleaved"]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds of repeated calls: the raw samples and their median, min and max."""
+
+    samples: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        """Return the median of the samples."""
+        return statistics.median(self.samples)
+
+    @property
+    def min(self) -> float:
+        """Return the fastest sample."""
+        return min(self.samples)
+
+    @property
+    def max(self) -> float:
+        """Return the slowest sample."""
+        return max(self.samples)
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def time_interleaved(
+    functions: Mapping[str, Callable[[], object]], *, repeats: int = 5, warmup: int = 1
+) -> dict[str, Timing]:
+    """Return a :class:`Timing` per named function: ``warmup`` untimed rounds, then ``repeats``
+    rounds in which every function runs once, in an order rotated each round.
+    """
+    if not functions:
+        raise ValueError("functions must name at least one callable")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int; got {repeats!r}")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0; got {warmup!r}")
+    names = list(functions)
+    for _ in range(warmup):
+        for name in names:
+            functions[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(repeats):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            _synchronize()
+            start = time.perf_counter()
+            functions[name]()
+            _synchronize()
+            samples[name].append(time.perf_counter() - start)
+    return {name: Timing(tuple(values)) for name, values in samples.items()}
+
+
+@dataclass(frozen=True)
+class StepTimeModel:
+    """Time of a window: ``k * (overhead_per_micro_step + b * seconds_per_sample)
+    + seconds_per_optimizer_step`` for k micro-batches of b samples.
+    """
+
+    overhead_per_micro_step: float
+    seconds_per_sample: float
+    seconds_per_optimizer_step: float = 0.0
+
+    def window_seconds(self, micro_batch_size: int, accumulation_steps: int) -> float:
+        """Return the modelled seconds of one window (one optimizer step)."""
+        for label, value in (("micro_batch_size", micro_batch_size),
+                             ("accumulation_steps", accumulation_steps)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{label} must be a positive int; got {value!r}")
+        per_micro_step = self.overhead_per_micro_step + micro_batch_size * self.seconds_per_sample
+        return accumulation_steps * per_micro_step + self.seconds_per_optimizer_step
+
+
+def fit_step_time(
+    micro_batch_sizes: Sequence[int],
+    seconds_per_micro_step: Sequence[float],
+    *,
+    seconds_per_optimizer_step: float = 0.0,
+) -> StepTimeModel:
+    """Return the least-squares line ``seconds = overhead + size * per_sample`` through the
+    measured forward+backward times (both coefficients clipped at 0).
+    """
+    if len(micro_batch_sizes) != len(seconds_per_micro_step) or len(micro_batch_sizes) < 2:
+        raise ValueError("need at least two (micro_batch_size, seconds) pairs of equal length")
+    sizes = torch.tensor([float(s) for s in micro_batch_sizes], dtype=torch.float64)
+    seconds = torch.tensor([float(t) for t in seconds_per_micro_step], dtype=torch.float64)
+    if bool((sizes == sizes[0]).all()):
+        raise ValueError("micro_batch_sizes must not all be equal")
+    design = torch.stack([torch.ones_like(sizes), sizes], dim=1)
+    overhead, per_sample = torch.linalg.lstsq(design, seconds[:, None]).solution[:, 0].tolist()
+    return StepTimeModel(max(overhead, 0.0), max(per_sample, 0.0), seconds_per_optimizer_step)

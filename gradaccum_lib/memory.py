@@ -1,0 +1,232 @@
+"""Memory: what a training step holds, measured and modelled.
+
+- :func:`activation_bytes` measures the bytes autograd saves for backward during one forward
+  pass, on any device, with ``torch.autograd.graph.saved_tensors_hooks``: tensors are
+  de-duplicated by storage (a view and its base count once) and parameters are excluded.
+  ``tracemalloc`` cannot do this: it does not see torch's allocations.
+- :func:`static_bytes` measures what does not depend on the batch: parameters, gradients and
+  optimizer state, by summing the tensors themselves.
+- :func:`memory_budget` is the model: parameters + gradients + optimizer state (+ fp32 master
+  weights in mixed precision) + the activations of ONE micro-batch. Accumulation shrinks only
+  the last term.
+- :func:`cuda_peak_bytes` reports the CUDA allocator's peak for a step, when on a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from .accumulation import Batch, LossFn, check_loss_output
+from .bench import StepTimeModel
+from .equivalence import model_restored
+
+__all__ = [
+    "OPTIMIZER_STATES",
+    "AccumulationPlan",
+    "PRECISIONS",
+    "MemoryBreakdown",
+    "activation_bytes",
+    "cuda_peak_bytes",
+    "memory_budget",
+    "plan_accumulation",
+    "static_bytes",
+    "tensor_bytes",
+]
+
+Optimizer = Literal["sgd", "sgd_momentum", "adam", "adamw"]
+Precision = Literal["fp32", "autocast", "mixed"]
+
+#: fp32 state tensors the optimizer keeps per parameter
+OPTIMIZER_STATES: dict[str, int] = {"sgd": 0, "sgd_momentum": 1, "adam": 2, "adamw": 2}
+
+#: bytes per parameter for (weights, gradients, fp32 master copy), and the activation scale
+#: relative to fp32. "autocast" is torch.autocast: fp32 weights and gradients, 16-bit
+#: activations. "mixed" is the Megatron/DeepSpeed layout: 16-bit weights and gradients plus an
+#: fp32 master copy that the optimizer updates.
+PRECISIONS: dict[str, tuple[int, int, int, float]] = {
+    "fp32": (4, 4, 0, 1.0),
+    "autocast": (4, 4, 0, 0.5),
+    "mixed": (2, 2, 4, 0.5),
+}
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes held during a training step, by what holds them."""
+
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    master_weights: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        """Return the sum of every part, in bytes."""
+        return (self.parameters + self.gradients + self.optimizer_state + self.master_weights
+                + self.activations)
+
+    def as_dict(self) -> dict[str, int]:
+        """Return the parts as a plain dict (plus ``total``)."""
+        return {**asdict(self), "total": self.total}
+
+
+def tensor_bytes(tensors: Iterable[Tensor]) -> int:
+    """Return the summed ``numel * element_size`` of ``tensors``."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _storage_key(tensor: Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+def _byte_extent(tensor: Tensor) -> tuple[int, int]:
+    """[start, end) bytes of its storage that ``tensor`` (possibly a view) can reach."""
+    size = tensor.element_size()
+    start = tensor.storage_offset() * size
+    if tensor.numel() == 0:
+        return start, start
+    last = sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride(), strict=True))
+    return start, start + (last + 1) * size
+
+
+def activation_bytes(model: nn.Module, loss_fn: LossFn, batch: Batch,
+                     *, autocast_dtype: torch.dtype | None = None) -> int:
+    """Return the bytes autograd saves for backward in one forward pass of ``loss_fn`` on
+    ``batch`` (parameters excluded, shared storages counted once, views counted by the part
+    of their storage they reach). The model is left as found; no backward is run.
+    """
+    parameter_storages = {_storage_key(p) for p in model.parameters()}
+    extents: dict[int, tuple[int, int]] = {}
+
+    def pack(tensor: Tensor) -> Tensor:
+        if tensor.device.type == "meta" or tensor.layout != torch.strided:
+            return tensor
+        key = _storage_key(tensor)
+        if key in parameter_storages:
+            return tensor
+        start, end = _byte_extent(tensor)
+        if key in extents:
+            old_start, old_end = extents[key]
+            start, end = min(start, old_start), max(end, old_end)
+        extents[key] = (start, end)
+        return tensor
+
+    device_type = next(model.parameters()).device.type
+    with model_restored(model), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast(device_type, dtype=autocast_dtype or torch.bfloat16,
+                            enabled=autocast_dtype is not None):
+            summed_loss, _ = check_loss_output(loss_fn(model, batch), 0)
+        del summed_loss
+    return sum(end - start for start, end in extents.values())
+
+
+def static_bytes(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> dict[str, int]:
+    """Return measured bytes of parameters, gradients (those present now) and optimizer state
+    (state tensors present now; run a step first to create them).
+    """
+    parameters = list(model.parameters())
+    state = []
+    if optimizer is not None:
+        for parameter_state in optimizer.state.values():
+            state.extend(v for v in parameter_state.values()
+                         if isinstance(v, Tensor) and v.dim() > 0)
+    return {
+        "parameters": tensor_bytes(parameters),
+        "gradients": tensor_bytes(p.grad for p in parameters if p.grad is not None),
+        "optimizer_state": tensor_bytes(state),
+    }
+
+
+def memory_budget(
+    num_parameters: int,
+    *,
+    optimizer: Optimizer = "adamw",
+    precision: Precision = "fp32",
+    activation_bytes_per_sample: float = 0.0,
+    micro_batch_size: int = 1,
+) -> MemoryBreakdown:
+    """Return the modelled bytes of one training step with micro-batches of
+    ``micro_batch_size`` samples; ``activation_bytes_per_sample`` is the fp32 figure (the
+    precision's scale is applied). The accumulation steps do not appear: that is the point.
+    """
+    if not isinstance(num_parameters, int) or num_parameters < 0:
+        raise ValueError(f"num_parameters must be an int >= 0; got {num_parameters!r}")
+    if optimizer not in OPTIMIZER_STATES:
+        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATES)}; got {optimizer!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {sorted(PRECISIONS)}; got {precision!r}")
+    if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be a positive int; got {micro_batch_size!r}")
+    if activation_bytes_per_sample < 0:
+        raise ValueError(
+            f"activation_bytes_per_sample must be >= 0; got {activation_bytes_per_sample}"
+        )
+    weight_bytes, grad_bytes, master_bytes, activation_scale = PRECISIONS[precision]
+    return MemoryBreakdown(
+        parameters=num_parameters * weight_bytes,
+        gradients=num_parameters * grad_bytes,
+        optimizer_state=num_parameters * 4 * OPTIMIZER_STATES[optimizer],
+        master_weights=num_parameters * master_bytes,
+        activations=round(activation_bytes_per_sample * activation_scale * micro_batch_size),
+    )
+
+
+def cuda_peak_bytes(step: Callable[[], object], device: torch.device | str = "cuda") -> int | None:
+    """Return the CUDA allocator's peak bytes while ``step()`` runs (None without CUDA)."""
+    if not torch.cuda.is_available() or torch.device(device).type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device)
+
+
+@dataclass(frozen=True)
+class AccumulationPlan:
+    """One choice of micro-batch size and accumulation steps: its memory and time."""
+
+    micro_batch_size: int
+    accumulation_steps: int
+    memory: MemoryBreakdown
+    window_seconds: float
+
+    @property
+    def effective_batch_size(self) -> int:
+        """Return the samples per optimizer step: micro-batch size x accumulation steps."""
+        return self.micro_batch_size * self.accumulation_steps
+
+    @property
+    def seconds_per_sample(self) -> float:
+        """Return the modelled seconds per training sample."""
+        return self.window_seconds / self.effective_batch_size
+
+
+def plan_accumulation(
+    *,
+    num_parameters: int,
+    activation_bytes_per_sample: float,
+    step_time: StepTimeModel,
+    micro_batch_size: int,
+    accumulation_steps: int,
+    optimizer: Optimizer = "adamw",
+    precision: Precision = "fp32",
+) -> AccumulationPlan:
+    """Return the memory budget and the modelled window time of one (micro-batch, k) choice."""
+    memory = memory_budget(
+        num_parameters,
+        optimizer=optimizer,
+        precision=precision,
+        activation_bytes_per_sample=activation_bytes_per_sample,
+        micro_batch_size=micro_batch_size,
+    )
+    seconds = step_time.window_seconds(micro_batch_size, accumulation_steps)
+    return AccumulationPlan(micro_batch_size, accumulation_steps, memory, seconds)

@@ -1,0 +1,81 @@
+"""ipywidgets controls bound to pure library functions.
+
+Each control calls a pure function of the library and redraws from its result, so whatever a
+slider shows is what the tested function returns. Without a front end, the notebook shows the
+default (the function is called once when the control is built).
+"""
+
+from __future__ import annotations
+
+import io
+
+import ipywidgets as widgets
+from matplotlib.figure import Figure
+
+from .bench import StepTimeModel
+from .memory import Optimizer, Precision, plan_accumulation
+from .plots import MIB, plot_accumulation_plan
+
+__all__ = ["accumulation_explorer", "describe_plan", "figure_png"]
+
+
+def figure_png(figure: Figure) -> bytes:
+    """Return ``figure`` rendered as PNG bytes (in memory; no file is written)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=90)
+    return buffer.getvalue()
+
+
+def describe_plan(plan, without) -> str:  # noqa: ANN001 - AccumulationPlan pair
+    """Return a one-line summary of ``plan`` against one pass ``without`` accumulation."""
+    return (
+        f"effective batch {plan.effective_batch_size} = {plan.micro_batch_size} x "
+        f"{plan.accumulation_steps}: {plan.memory.total / MIB:.2f} MiB "
+        f"(one pass: {without.memory.total / MIB:.2f} MiB), "
+        f"{1e3 * plan.window_seconds:.2f} ms per step (one pass: "
+        f"{1e3 * without.window_seconds:.2f} ms)"
+    )
+
+
+def accumulation_explorer(
+    *,
+    num_parameters: int,
+    activation_bytes_per_sample: float,
+    step_time: StepTimeModel,
+    accumulation_steps: int = 4,
+    micro_batch_size: int = 16,
+    max_accumulation_steps: int = 32,
+    max_micro_batch_size: int = 256,
+    optimizer: Optimizer = "adamw",
+    precision: Precision = "fp32",
+) -> widgets.VBox:
+    """Return sliders for k and the micro-batch size driving :func:`plan_accumulation`: a
+    summary line and a figure of memory and time, against the same effective batch in one pass.
+    The figure is an Image widget re-rendered on every change, so it works in any front end.
+    """
+    steps = widgets.IntSlider(value=accumulation_steps, min=1, max=max_accumulation_steps,
+                              description="accumulation steps k", continuous_update=False,
+                              style={"description_width": "initial"})
+    size = widgets.IntSlider(value=micro_batch_size, min=1, max=max_micro_batch_size,
+                             description="micro-batch size", continuous_update=False,
+                             style={"description_width": "initial"})
+    summary = widgets.Label()
+    figure_area = widgets.Image(format="png")
+
+    def plan(micro: int, k: int):  # noqa: ANN202
+        return plan_accumulation(
+            num_parameters=num_parameters, activation_bytes_per_sample=activation_bytes_per_sample,
+            step_time=step_time, micro_batch_size=micro, accumulation_steps=k,
+            optimizer=optimizer, precision=precision,
+        )
+
+    def redraw(_change: object = None) -> None:
+        chosen = plan(size.value, steps.value)
+        without = plan(chosen.effective_batch_size, 1)
+        summary.value = describe_plan(chosen, without)
+        figure_area.value = figure_png(plot_accumulation_plan(chosen, without))
+
+    steps.observe(redraw, names="value")
+    size.observe(redraw, names="value")
+    redraw()
+    return widgets.VBox([steps, size, summary, figure_area])

@@ -1,0 +1,161 @@
+"""memory (measured activation bytes, static bytes, the budget model) and bench (timing)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from gradaccum_lib import split_into_micro_batches
+from gradaccum_lib.bench import StepTimeModel, Timing, fit_step_time, time_interleaved
+from gradaccum_lib.data import make_toy_classification
+from gradaccum_lib.losses import sample_classification_loss
+from gradaccum_lib.memory import (
+    AccumulationPlan,
+    activation_bytes,
+    cuda_peak_bytes,
+    memory_budget,
+    plan_accumulation,
+    static_bytes,
+)
+from gradaccum_lib.models import make_mlp
+
+
+def test_activation_bytes_of_a_known_layer_stack_is_exact():
+    # Linear saves its input (b x 6); Tanh saves its output (b x 10), which the second Linear
+    # also saves (same storage, counted once); cross-entropy saves log-probs (b x 3) and the
+    # int64 targets (b); weights (and the transposes autograd saves) are excluded.
+    model = make_mlp(6, 10, 3, dtype=torch.float32)
+    inputs, labels = make_toy_classification(32, 6, 3, dtype=torch.float32)
+    per_sample = 4 * (6 + 10 + 3) + 8
+    measured = activation_bytes(model, sample_classification_loss, (inputs, labels))
+    assert measured - 32 * per_sample in range(0, 9)  # plus at most a scalar or two
+
+
+def test_activation_bytes_counts_only_the_micro_batch_of_a_view():
+    model = make_mlp(6, 10, 3)
+    batch = make_toy_classification(64, 6, 3)
+    full = activation_bytes(model, sample_classification_loss, batch)
+    for k in (2, 4, 8):
+        part = split_into_micro_batches(batch, accumulation_steps=k)[0]
+        ratio = activation_bytes(model, sample_classification_loss, part) / full
+        assert abs(ratio - 1 / k) <= 0.01 / k
+
+
+def test_activation_bytes_leaves_model_unchanged_and_bf16_autocast_halves_most():
+    model = make_mlp(6, 64, 3, normalization="batch", dtype=torch.float32).train()
+    batch = make_toy_classification(32, 6, 3, dtype=torch.float32)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    fp32 = activation_bytes(model, sample_classification_loss, batch)
+    bf16 = activation_bytes(model, sample_classification_loss, batch, autocast_dtype=torch.bfloat16)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    assert 0.4 < bf16 / fp32 < 0.8
+
+
+def test_static_bytes_measures_parameters_gradients_and_adam_state():
+    model = nn.Linear(10, 5)  # 55 float32 parameters
+    optimizer = torch.optim.AdamW(model.parameters())
+    assert static_bytes(model, optimizer) == {"parameters": 220, "gradients": 0,
+                                              "optimizer_state": 0}
+    model(torch.ones(2, 10)).sum().backward()
+    optimizer.step()
+    assert static_bytes(model, optimizer) == {"parameters": 220, "gradients": 220,
+                                              "optimizer_state": 440}
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "precision", "expected"),
+    [
+        ("sgd", "fp32", (400, 400, 0, 0)),
+        ("sgd_momentum", "fp32", (400, 400, 400, 0)),
+        ("adamw", "fp32", (400, 400, 800, 0)),
+        ("adam", "mixed", (200, 200, 800, 400)),
+        ("adamw", "autocast", (400, 400, 800, 0)),
+    ],
+)
+def test_memory_budget_parts(optimizer, precision, expected):
+    budget = memory_budget(100, optimizer=optimizer, precision=precision,
+                           activation_bytes_per_sample=10.0, micro_batch_size=8)
+    parts = (budget.parameters, budget.gradients, budget.optimizer_state, budget.master_weights)
+    assert parts == expected
+    assert budget.activations == (80 if precision == "fp32" else 40)
+    assert budget.total == sum(expected) + budget.activations
+    assert budget.as_dict()["total"] == budget.total
+
+
+def test_memory_budget_agrees_with_measurement_for_adamw():
+    model = make_mlp(6, 10, 3, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters())
+    batch = make_toy_classification(16, 6, 3, dtype=torch.float32)
+    sample_classification_loss(model, batch)[0].backward()
+    optimizer.step()
+    measured = static_bytes(model, optimizer)
+    per_sample = activation_bytes(model, sample_classification_loss, batch) / 16
+    budget = memory_budget(sum(p.numel() for p in model.parameters()),
+                           activation_bytes_per_sample=per_sample, micro_batch_size=16)
+    assert (budget.parameters, budget.gradients, budget.optimizer_state) == (
+        measured["parameters"], measured["gradients"], measured["optimizer_state"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"optimizer": "lion"}, r"optimizer must be one of .* got 'lion'"),
+        ({"precision": "fp8"}, r"precision must be one of .* got 'fp8'"),
+        ({"micro_batch_size": 0}, r"micro_batch_size must be a positive int; got 0"),
+        ({"activation_bytes_per_sample": -1.0}, r"activation_bytes_per_sample must be >= 0"),
+    ],
+)
+def test_memory_budget_rejects_bad_input(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        memory_budget(10, **kwargs)
+    with pytest.raises(ValueError, match="num_parameters must be an int >= 0; got -1"):
+        memory_budget(-1)
+
+
+def test_cuda_peak_bytes_is_none_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert cuda_peak_bytes(lambda: None) is None
+
+
+def test_time_interleaved_rotates_order_and_reports_medians():
+    calls = []
+    timings = time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                               repeats=3, warmup=1)
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]
+    assert set(timings) == {"a", "b"} and len(timings["a"].samples) == 3
+    timing = Timing((3.0, 1.0, 2.0))
+    assert (timing.median, timing.min, timing.max) == (2.0, 1.0, 3.0)
+    with pytest.raises(ValueError, match="repeats must be a positive int; got 0"):
+        time_interleaved({"a": lambda: None}, repeats=0)
+    with pytest.raises(ValueError, match="at least one callable"):
+        time_interleaved({})
+
+
+def test_fit_step_time_recovers_a_line_and_models_windows():
+    model = fit_step_time([1, 2, 4, 8], [0.011, 0.012, 0.014, 0.018],
+                          seconds_per_optimizer_step=0.5)
+    assert model.overhead_per_micro_step == pytest.approx(0.010)
+    assert model.seconds_per_sample == pytest.approx(0.001)
+    assert model.window_seconds(4, 3) == pytest.approx(3 * 0.014 + 0.5)
+    with pytest.raises(ValueError, match="at least two"):
+        fit_step_time([1], [0.1])
+    with pytest.raises(ValueError, match="must not all be equal"):
+        fit_step_time([2, 2], [0.1, 0.2])
+    with pytest.raises(ValueError, match="accumulation_steps must be a positive int; got 0"):
+        model.window_seconds(4, 0)
+
+
+def test_plan_accumulation_keeps_the_effective_batch_and_trades_memory_for_time():
+    step_time = StepTimeModel(overhead_per_micro_step=0.01, seconds_per_sample=0.001)
+    plan = plan_accumulation(num_parameters=1000, activation_bytes_per_sample=100.0,
+                             step_time=step_time, micro_batch_size=8, accumulation_steps=4)
+    one_pass = plan_accumulation(num_parameters=1000, activation_bytes_per_sample=100.0,
+                                 step_time=step_time, micro_batch_size=32, accumulation_steps=1)
+    assert isinstance(plan, AccumulationPlan)
+    assert plan.effective_batch_size == one_pass.effective_batch_size == 32
+    assert plan.memory.activations * 4 == one_pass.memory.activations
+    assert plan.window_seconds > one_pass.window_seconds
+    assert plan.seconds_per_sample == pytest.approx(plan.window_seconds / 32)

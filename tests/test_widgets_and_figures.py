@@ -1,0 +1,62 @@
+"""The explorer widget redraws from plan_accumulation; the memory and curve figures."""
+
+from __future__ import annotations
+
+import pytest
+from matplotlib.figure import Figure
+
+from gradaccum_lib.bench import StepTimeModel
+from gradaccum_lib.memory import memory_budget, plan_accumulation
+from gradaccum_lib.plots import plot_accumulation_plan, plot_curves, plot_memory_breakdown
+from gradaccum_lib.widgets import accumulation_explorer, describe_plan, figure_png
+
+STEP_TIME = StepTimeModel(overhead_per_micro_step=0.002, seconds_per_sample=0.0001)
+
+
+def _plan(micro_batch_size, accumulation_steps):
+    return plan_accumulation(num_parameters=10_000, activation_bytes_per_sample=4096.0,
+                             step_time=STEP_TIME, micro_batch_size=micro_batch_size,
+                             accumulation_steps=accumulation_steps)
+
+
+def test_explorer_shows_the_default_and_redraws_when_a_slider_moves():
+    explorer = accumulation_explorer(num_parameters=10_000, activation_bytes_per_sample=4096.0,
+                                     step_time=STEP_TIME, accumulation_steps=4,
+                                     micro_batch_size=16)
+    steps, size, summary, figure_area = explorer.children
+    assert summary.value == describe_plan(_plan(16, 4), _plan(64, 1))
+    assert summary.value.startswith("effective batch 64 = 16 x 4")
+    first_image = bytes(figure_area.value)
+    assert first_image.startswith(b"\x89PNG")
+    steps.value = 8
+    assert summary.value == describe_plan(_plan(16, 8), _plan(128, 1))
+    assert bytes(figure_area.value) != first_image
+    size.value = 2
+    assert summary.value.startswith("effective batch 16 = 2 x 8")
+
+
+def test_plot_accumulation_plan_and_memory_breakdown():
+    figure = plot_accumulation_plan(_plan(16, 4), _plan(64, 1))
+    assert isinstance(figure, Figure) and len(figure.axes) == 2
+    breakdowns = {f"k={k}": memory_budget(1000, activation_bytes_per_sample=64 / k)
+                  for k in (1, 2)}
+    figure = plot_memory_breakdown(breakdowns, title="t")
+    legend = [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
+    assert legend == ["parameters", "gradients", "optimizer state", "activations"]
+    with pytest.raises(ValueError, match="at least one MemoryBreakdown"):
+        plot_memory_breakdown({})
+
+
+def test_plot_curves_draws_every_curve_with_its_label():
+    figure = plot_curves({"a": [3.0, 2.0, 1.0], "b": [3.0, 2.0, 1.0]}, xlabel="step",
+                         ylabel="loss")
+    assert [line.get_label() for line in figure.axes[0].get_lines()] == ["a", "b"]
+    assert list(figure.axes[0].get_lines()[1].get_xdata()) == [1, 2, 3]
+    with pytest.raises(ValueError, match="at least one curve"):
+        plot_curves({}, xlabel="x", ylabel="y")
+
+
+def test_figure_png_renders_in_memory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    png = figure_png(plot_curves({"a": [1.0, 2.0]}, xlabel="x", ylabel="y"))
+    assert png.startswith(b"\x89PNG") and list(tmp_path.iterdir()) == []
