@@ -33,6 +33,7 @@ __all__ = [
     "NonFiniteLossError",
     "batch_size",
     "check_loss_output",
+    "evaluate_mean_loss",
     "split_into_micro_batches",
     "TrainingHistory",
     "WindowRecord",
@@ -196,6 +197,20 @@ def check_loss_output(
     if check_finite and not torch.isfinite(summed_loss.detach()).item():
         raise NonFiniteLossError(micro_step, summed_loss.item())
     return summed_loss, count
+
+
+def evaluate_mean_loss(model: nn.Module, loss_fn: LossFn, batches: Iterable[Batch]) -> float:
+    """Return the item-weighted mean loss over ``batches`` (no gradients, mode unchanged)."""
+    total_loss = 0.0
+    total_items = 0.0
+    with torch.no_grad():
+        for index, batch in enumerate(batches):
+            summed_loss, num_items = check_loss_output(loss_fn(model, batch), index)
+            total_loss += summed_loss.double().item()
+            total_items += num_items
+    if total_items <= 0:
+        raise ValueError("batches cover no items; there is no mean loss")
+    return total_loss / total_items
 
 
 # --------------------------------------------------------------------------------------------

@@ -107,10 +107,15 @@ def plot_accumulation_plan(plan: AccumulationPlan, without: AccumulationPlan) ->
 
 
 def plot_curves(
-    curves: Mapping[str, Sequence[float]], *, xlabel: str, ylabel: str, title: str = ""
+    curves: Mapping[str, Sequence[float]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str = "",
+    x_start: int = 1,
 ) -> Figure:
-    """Return a line plot of named curves against their index (e.g. loss per window); later
-    curves are dashed so that coinciding curves stay visible.
+    """Return a line plot of named curves against their index, counted from ``x_start`` (e.g.
+    loss per window); later curves are dashed so that coinciding curves stay visible.
     """
     if not curves:
         raise ValueError("curves must name at least one curve")
@@ -118,8 +123,9 @@ def plot_curves(
     axes = figure.subplots()
     styles = ["-", "--", ":", "-."]
     for index, (name, values) in enumerate(curves.items()):
-        axes.plot(range(1, len(values) + 1), values, linestyle=styles[index % len(styles)],
-                  linewidth=2.5 if index == 0 else 1.5, label=name)
+        axes.plot(range(x_start, x_start + len(values)), values,
+                  linestyle=styles[index % len(styles)], linewidth=2.5 if index == 0 else 1.5,
+                  label=name)
     axes.set_xlabel(xlabel)
     axes.set_ylabel(ylabel)
     if title:

@@ -69,3 +69,14 @@ def test_notebooks_are_committed_executed_in_order_without_errors():
         errors = [o for cell in code for o in cell["outputs"] if o["output_type"] == "error"]
         assert not errors, f"{path.name}: committed with an error output"
         assert notebook["metadata"]["kernelspec"]["name"] == "python3"
+
+
+def test_nbval_markers_are_spelled_exactly():
+    # nbval only honours a comment line that is exactly the marker; anything after it on the
+    # same line silently turns the marker off.
+    markers = {"NBVAL_IGNORE_OUTPUT", "NBVAL_CHECK_OUTPUT", "NBVAL_RAISES_EXCEPTION", "NBVAL_SKIP"}
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            for line in "".join(cell["source"]).splitlines():
+                if "NBVAL_" in line and line.lstrip().startswith("#"):
+                    assert line.lstrip("#").strip() in markers, f"{path.name}: {line!r}"

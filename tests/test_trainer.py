@@ -10,6 +10,7 @@ from gradaccum_lib.accumulation import (
     AccumulationTrainer,
     TrainingHistory,
     WindowRecord,
+    evaluate_mean_loss,
     windows_of,
 )
 from gradaccum_lib.data import make_toy_classification, make_toy_token_batch
@@ -192,3 +193,14 @@ def test_train_epoch_rejects_half_a_checkpoint_setting(tmp_path):
         trainer.train_epoch(micro_batches, checkpoint_path=tmp_path / "c.pt", checkpoint_every=0)
     with pytest.raises(ValueError, match="window is empty"):
         trainer.step_window([])
+
+
+def test_evaluate_mean_loss_is_item_weighted_and_leaves_no_graph():
+    model = make_mlp(8, 16, 3, seed=0)
+    parts = split_into_micro_batches(DATA, micro_batch_size=30)  # 30, 30, 30, 10
+    expected = torch.nn.functional.cross_entropy(model(DATA[0]), DATA[1]).item()
+    assert evaluate_mean_loss(model, sample_classification_loss, parts) == pytest.approx(
+        expected, rel=1e-12)
+    assert all(p.grad is None for p in model.parameters())
+    with pytest.raises(ValueError, match="cover no items"):
+        evaluate_mean_loss(model, sample_classification_loss, [])
