@@ -33,6 +33,7 @@ __all__ = [
     "NonFiniteLossError",
     "batch_size",
     "check_loss_output",
+    "concatenate_micro_batches",
     "evaluate_mean_loss",
     "split_into_micro_batches",
     "TrainingHistory",
@@ -152,6 +153,31 @@ def split_into_micro_batches(
         parts = [torch.split(tensor, micro_batch_size) for tensor in tensors]
         count = math.ceil(total / micro_batch_size)
     return [_rebuild(batch, parts, index) for index in range(count)]
+
+
+def concatenate_micro_batches(micro_batches: Sequence[Batch]) -> Batch:
+    """Return the window's whole batch: the micro-batches concatenated along dim 0, of the
+    same kind (the inverse of :func:`split_into_micro_batches`).
+    """
+    if not micro_batches:
+        raise ValueError("micro_batches is empty; it needs at least one micro-batch")
+    first = micro_batches[0]
+    for micro_batch in micro_batches:
+        batch_size(micro_batch)  # checks its kind and shapes
+    try:
+        if isinstance(first, Tensor):
+            return torch.cat(list(micro_batches))
+        if isinstance(first, Mapping):
+            return type(first)((key, torch.cat([mb[key] for mb in micro_batches])) for key in first)
+        parts = [torch.cat([mb[i] for mb in micro_batches]) for i in range(len(first))]
+    except (RuntimeError, KeyError, IndexError, TypeError) as error:
+        raise ValueError(
+            f"micro-batches cannot be concatenated (different keys, lengths or padded widths): "
+            f"{error}"
+        ) from error
+    if hasattr(first, "_fields"):
+        return type(first)(*parts)
+    return type(first)(parts)
 
 
 def check_loss_output(

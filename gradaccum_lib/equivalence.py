@@ -9,18 +9,21 @@ alias a ``.grad``.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from .accumulation import Batch, LossFn, check_loss_output
+from .accumulation import Batch, LossFn, check_loss_output, concatenate_micro_batches
 
 Gradients = dict[str, Tensor]
 
 __all__ = [
+    "AuditResult",
     "Gradients",
+    "audit_update",
     "accumulated_gradients",
     "averaged_micro_batch_gradients",
     "collected_gradients",
@@ -213,3 +216,62 @@ def parameters_after_step(
         parameter.grad = grads[name].detach().clone().to(parameter.dtype)
     make_optimizer(trainable.values()).step()
     return {name: parameter.detach().clone() for name, parameter in trial.named_parameters()}
+
+
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+StepFunction = Callable[[nn.Module, list[Batch], OptimizerFactory], None]
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """How one optimizer step of an audited setup compares with the ground truth's step."""
+
+    norm_ratio: float  # |candidate update| / |true update|
+    cosine: float  # cosine similarity of the two updates
+    relative_difference: float  # |candidate - true| / |true|
+
+    def matches(self, tolerance: float = 1e-5) -> bool:
+        """Return True when the update equals the truth up to ``tolerance`` (relative)."""
+        return self.relative_difference <= tolerance
+
+
+def _parameter_vector(model: nn.Module) -> Tensor:
+    return torch.cat([p.detach().to("cpu", torch.float64).reshape(-1)
+                      for p in model.parameters() if p.requires_grad])
+
+
+def audit_update(
+    step_fn: StepFunction,
+    model: nn.Module,
+    loss_fn: LossFn,
+    micro_batches: Sequence[Batch],
+    make_optimizer: OptimizerFactory,
+) -> AuditResult:
+    """Run ONE optimizer step of an audited setup and compare its parameter update with the
+    ground truth: the same optimizer stepped once from the full-batch gradient of the
+    concatenated window (:func:`full_batch_gradients`, mean over every item).
+
+    ``step_fn(model_copy, micro_batches, make_optimizer)`` must build its optimizer with
+    ``make_optimizer`` and take exactly one step over the window; it gets a deep copy of
+    ``model``, which is never touched.
+    """
+    micro_batches = list(micro_batches)
+    window = concatenate_micro_batches(micro_batches)
+    before = _parameter_vector(model)
+    truth_gradients = full_batch_gradients(model, loss_fn, window)
+    truth_parameters = parameters_after_step(model, truth_gradients, make_optimizer)
+    true_update = torch.cat([
+        truth_parameters[name].detach().to("cpu", torch.float64).reshape(-1)
+        for name, p in model.named_parameters() if p.requires_grad
+    ]) - before
+    candidate = copy.deepcopy(model)
+    step_fn(candidate, micro_batches, make_optimizer)
+    update = _parameter_vector(candidate) - before
+    true_norm = true_update.norm().item()
+    if true_norm == 0.0:
+        raise ValueError("the true update is zero (learning rate 0?); nothing to compare with")
+    return AuditResult(
+        norm_ratio=update.norm().item() / true_norm,
+        cosine=torch.nn.functional.cosine_similarity(update, true_update, dim=0).item(),
+        relative_difference=(update - true_update).norm().item() / true_norm,
+    )

@@ -17,6 +17,8 @@ from .equivalence import Gradients, collected_gradients, model_restored
 
 __all__ = [
     "cross_entropy_sum",
+    "bert_classification_loss",
+    "bert_masked_lm_loss",
     "info_nce_cached_gradients",
     "info_nce_from_embeddings",
     "info_nce_loss",
@@ -126,3 +128,21 @@ def info_nce_cached_gradients(
             surrogate.backward()
             start = rows.stop
         return collected_gradients(model, 1.0)
+
+
+def bert_classification_loss(
+    model: nn.Module, batch: Mapping[str, Tensor]
+) -> tuple[Tensor, Tensor]:
+    """Loss function for a HF sequence classifier on ``{"input_ids", "attention_mask",
+    "labels"}``: summed cross-entropy over the notes, and the number of notes.
+    """
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return cross_entropy_sum(logits, batch["labels"])
+
+
+def bert_masked_lm_loss(model: nn.Module, batch: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """Loss function for a HF masked-LM on ``{"input_ids", "attention_mask", "labels"}``
+    (labels -100 except at masked positions): summed over masked tokens, and their number.
+    """
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return cross_entropy_sum(logits, batch["labels"])

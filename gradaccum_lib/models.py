@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["TokenTagger", "make_mlp"]
+if TYPE_CHECKING:  # transformers is imported only where a BERT is built
+    from transformers import BertForMaskedLM, BertForSequenceClassification
+
+__all__ = ["TokenTagger", "make_mlp", "make_tiny_bert"]
 
 Normalization = Literal["none", "batch", "layer"]
 
@@ -69,3 +72,39 @@ class TokenTagger(nn.Module):
     def forward(self, input_ids: Tensor) -> Tensor:
         """Return logits of shape (batch, sequence, num_tags)."""
         return self.head(torch.tanh(self.embedding(input_ids)))
+
+
+def make_tiny_bert(
+    vocab_size: int,
+    num_labels: int,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    intermediate_size: int | None = None,
+    max_length: int = 512,
+    dropout: float = 0.0,
+    masked_lm: bool = False,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> BertForSequenceClassification | BertForMaskedLM:
+    """Return a randomly initialised BERT (from ``BertConfig``, nothing downloaded): a
+    sequence classifier with ``num_labels`` classes, or a masked-LM head with ``masked_lm``.
+    """
+    from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
+
+    if hidden_size % num_heads:
+        raise ValueError(
+            f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})"
+        )
+    config = BertConfig(
+        vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=num_heads, intermediate_size=intermediate_size or 4 * hidden_size,
+        max_position_embeddings=max_length, num_labels=num_labels,
+        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+        pad_token_id=0,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = (BertForMaskedLM if masked_lm else BertForSequenceClassification)(config)
+    return model.to(dtype)

@@ -1,0 +1,165 @@
+"""One optimizer step of accumulation, the way each audited setup runs it.
+
+Each function has the signature ``step(model, micro_batches, make_optimizer)`` expected by
+:func:`gradaccum_lib.equivalence.audit_update`: it builds the optimizer with
+``make_optimizer``, feeds the window's micro-batches (dicts of ``input_ids``,
+``attention_mask``, ``labels`` for a HF model) the way the framework's documentation shows,
+and takes the framework's optimizer step(s) for that window. ``accumulation_steps`` is the
+k the setup is configured with; a window may hold fewer micro-batches (the partial last
+window of an epoch).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .accumulation import AccumulationTrainer
+from .losses import bert_classification_loss
+
+__all__ = [
+    "WindowDataset",
+    "accelerate_step",
+    "bare_loop_step",
+    "hf_trainer_step",
+    "library_step",
+    "summed_cross_entropy_over_window",
+]
+
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+class WindowDataset(torch.utils.data.Dataset):
+    """The samples of a window's micro-batches, as a map-style dataset of dicts."""
+
+    def __init__(self, micro_batches: Sequence[Mapping[str, Tensor]]) -> None:
+        self.columns = {
+            key: torch.cat([mb[key] for mb in micro_batches]) for key in micro_batches[0]
+        }
+        self.micro_batch_size = len(next(iter(micro_batches[0].values())))
+
+    def __len__(self) -> int:
+        return len(self.columns["labels"])
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        return {key: column[index] for key, column in self.columns.items()}
+
+
+def library_step(accumulation_steps: int, loss_fn=bert_classification_loss):  # noqa: ANN001, ANN201
+    """Return a step function running gradaccum's :class:`AccumulationTrainer`."""
+
+    def step(model: nn.Module, micro_batches: list, make_optimizer: OptimizerFactory) -> None:
+        trainer = AccumulationTrainer(model, loss_fn, make_optimizer(model.parameters()),
+                                      accumulation_steps=accumulation_steps, progress=False)
+        trainer.train_epoch(micro_batches)
+
+    return step
+
+
+def bare_loop_step(accumulation_steps: int):  # noqa: ANN201
+    """Return a step function for the nanoGPT-style loop: the model's mean loss divided by k,
+    backward per micro-batch, step and zero once per window (or at the end of the data).
+    """
+
+    def step(model: nn.Module, micro_batches: list, make_optimizer: OptimizerFactory) -> None:
+        optimizer = make_optimizer(model.parameters())
+        model.train()
+        for index, micro_batch in enumerate(micro_batches):
+            loss = model(**micro_batch).loss / accumulation_steps
+            loss.backward()
+            if (index + 1) % accumulation_steps == 0 or index + 1 == len(micro_batches):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def accelerate_step(accumulation_steps: int, *, count_window_items: bool = False):  # noqa: ANN201
+    """Return a step function for HF Accelerate: ``Accelerator(gradient_accumulation_steps=k)``,
+    a prepared DataLoader, and the documented ``with accelerator.accumulate(model):`` loop.
+
+    ``accelerator.backward`` divides every loss by k. With ``count_window_items`` the loop
+    instead counts the window's items first and backpropagates ``summed loss / window items
+    * k`` (cancelling that division), which is exact for any window, partial ones included.
+    """
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    def step(model: nn.Module, micro_batches: list, make_optimizer: OptimizerFactory) -> None:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+        accelerator = Accelerator(gradient_accumulation_steps=accumulation_steps, cpu=True)
+        dataset = WindowDataset(micro_batches)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=dataset.micro_batch_size,
+                                             shuffle=False)
+        optimizer = make_optimizer(model.parameters())
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        model.train()
+        window_items = sum(len(mb["labels"]) for mb in micro_batches)  # one window here
+        for micro_batch in loader:
+            with accelerator.accumulate(model):
+                if count_window_items:
+                    summed, _ = bert_classification_loss(model, micro_batch)
+                    loss = summed / window_items * accelerator.gradient_accumulation_steps
+                else:
+                    loss = model(**micro_batch).loss
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+
+    return step
+
+
+TRAINER_WORKAROUNDS = (None, "accepts_loss_kwargs=False", "compute_loss_func")
+
+
+def summed_cross_entropy_over_window(outputs, labels, num_items_in_batch=None):  # noqa: ANN001, ANN201
+    """A ``compute_loss_func`` for the HF Trainer: summed cross-entropy divided by the
+    window's item count that the Trainer counted (``num_items_in_batch``).
+    """
+    logits = outputs["logits"] if isinstance(outputs, Mapping) else outputs[0]
+    summed = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                         labels.reshape(-1), reduction="sum")
+    if num_items_in_batch is None:
+        return summed / labels.numel()
+    return summed / num_items_in_batch
+
+
+def hf_trainer_step(accumulation_steps: int, *, workaround: str | None = None):  # noqa: ANN201
+    """Return a step function for the HF ``Trainer`` with ``gradient_accumulation_steps=k``:
+    one epoch over the window's samples, no clipping, a constant learning rate, the optimizer
+    passed in through ``optimizers=``.
+
+    ``workaround``: ``"accepts_loss_kwargs=False"`` tells the Trainer the model ignores
+    ``num_items_in_batch`` (so it divides each micro-batch loss by k again);
+    ``"compute_loss_func"`` computes the loss outside the model as a sum divided by the
+    Trainer's window item count.
+    """
+    if workaround not in TRAINER_WORKAROUNDS:
+        raise ValueError(f"workaround must be one of {TRAINER_WORKAROUNDS}; got {workaround!r}")
+    from transformers import Trainer, TrainingArguments
+
+    def step(model: nn.Module, micro_batches: list, make_optimizer: OptimizerFactory) -> None:
+        dataset = WindowDataset(micro_batches)
+        optimizer = make_optimizer(model.parameters())
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        with tempfile.TemporaryDirectory() as output_dir:
+            arguments = TrainingArguments(
+                output_dir=output_dir, per_device_train_batch_size=dataset.micro_batch_size,
+                gradient_accumulation_steps=accumulation_steps, num_train_epochs=1,
+                max_grad_norm=0.0, use_cpu=True, report_to="none", save_strategy="no",
+                logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0, seed=0,
+            )
+            if workaround == "accepts_loss_kwargs=False":
+                model.accepts_loss_kwargs = False  # read by Trainer.__init__
+            loss_func = (
+                summed_cross_entropy_over_window if workaround == "compute_loss_func" else None
+            )
+            trainer = Trainer(model=model, args=arguments, train_dataset=dataset,
+                              optimizers=(optimizer, scheduler), compute_loss_func=loss_func)
+            trainer.train()
+
+    return step

@@ -1,0 +1,123 @@
+"""The audit against the ground truth, and the audited frameworks' step functions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gradaccum_lib import split_into_micro_batches
+from gradaccum_lib.accumulation import concatenate_micro_batches
+from gradaccum_lib.data import encode_records, load_emr_split, load_tokenizer
+from gradaccum_lib.equivalence import AuditResult, audit_update
+from gradaccum_lib.frameworks import (
+    WindowDataset,
+    accelerate_step,
+    bare_loop_step,
+    hf_trainer_step,
+    library_step,
+    summed_cross_entropy_over_window,
+)
+from gradaccum_lib.losses import bert_classification_loss
+from gradaccum_lib.models import make_tiny_bert
+
+
+def SGD(parameters):  # noqa: N802 - reads like the optimizer it builds
+    return torch.optim.SGD(parameters, lr=0.1)
+
+
+@pytest.fixture(scope="module")
+def window():
+    tokenizer = load_tokenizer()
+    batch = encode_records(load_emr_split("train")[:24], tokenizer, max_length=24)
+    model = make_tiny_bert(len(tokenizer), 10, hidden_size=16, max_length=24,
+                           dtype=torch.float64, seed=3)
+    return model, batch
+
+
+def _forgets_to_scale(accumulation_steps):
+    def step(model, micro_batches, make_optimizer):
+        optimizer = make_optimizer(model.parameters())
+        for micro_batch in micro_batches:
+            model(**micro_batch).loss.backward()  # bug: no division by the window
+        optimizer.step()
+    return step
+
+
+def test_audit_passes_a_correct_loop_and_detects_a_broken_one(window):
+    model, batch = window
+    parts = split_into_micro_batches(batch, accumulation_steps=3)
+    good = audit_update(library_step(3), model, bert_classification_loss, parts, SGD)
+    assert good.matches(1e-10) and good.norm_ratio == pytest.approx(1.0, abs=1e-10)
+    bad = audit_update(_forgets_to_scale(3), model, bert_classification_loss, parts, SGD)
+    assert not bad.matches() and bad.norm_ratio == pytest.approx(3.0, rel=1e-10)
+    assert bad.cosine == pytest.approx(1.0, abs=1e-10)  # right direction, wrong length
+    assert isinstance(bad, AuditResult)
+
+
+def test_audit_refuses_a_zero_true_update(window):
+    model, batch = window
+    with pytest.raises(ValueError, match="true update is zero"):
+        audit_update(library_step(1), model, bert_classification_loss, [batch],
+                     lambda p: torch.optim.SGD(p, lr=0.0))
+
+
+@pytest.mark.parametrize("accumulation_steps", [1, 2, 4])
+def test_full_windows_library_bare_and_accelerate_match(window, accumulation_steps):
+    model, batch = window
+    parts = split_into_micro_batches(batch, accumulation_steps=accumulation_steps)
+    for make_step in (library_step, bare_loop_step, accelerate_step):
+        result = audit_update(make_step(accumulation_steps), model, bert_classification_loss,
+                              parts, SGD)
+        assert result.matches(1e-10), make_step.__name__
+
+
+def test_hf_trainer_inflates_by_k_for_bert_and_both_workarounds_fix_it(window):
+    model, batch = window
+    parts = split_into_micro_batches(batch, accumulation_steps=4)
+    default = audit_update(hf_trainer_step(4), model, bert_classification_loss, parts, SGD)
+    assert default.norm_ratio == pytest.approx(4.0, rel=1e-6)  # transformers #47688
+    for workaround in ("accepts_loss_kwargs=False", "compute_loss_func"):
+        fixed = audit_update(hf_trainer_step(4, workaround=workaround), model,
+                             bert_classification_loss, parts, SGD)
+        assert fixed.matches(1e-10), workaround
+    with pytest.raises(ValueError, match="workaround must be one of"):
+        hf_trainer_step(4, workaround="divide")
+
+
+def test_partial_uneven_window_only_exact_counting_matches(window):
+    model, batch = window
+    parts = split_into_micro_batches(batch, micro_batch_size=16)  # 16 + 8, configured k = 4
+    exact = [library_step(4), accelerate_step(4, count_window_items=True),
+             hf_trainer_step(4, workaround="compute_loss_func")]
+    for step in exact:
+        assert audit_update(step, model, bert_classification_loss, parts, SGD).matches(1e-10)
+    under = audit_update(accelerate_step(4), model, bert_classification_loss, parts, SGD)
+    assert under.norm_ratio < 0.6  # every loss divided by k = 4 though 2 micro-batches came
+
+
+def test_window_dataset_and_loss_func(window):
+    _, batch = window
+    parts = split_into_micro_batches(batch, micro_batch_size=10)
+    dataset = WindowDataset(parts)
+    assert len(dataset) == 24 and dataset.micro_batch_size == 10
+    assert torch.equal(dataset[23]["labels"], batch["labels"][23])
+    logits = torch.randn(4, 3, dtype=torch.float64)
+    labels = torch.tensor([0, 1, 2, 1])
+    summed = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
+    torch.testing.assert_close(
+        summed_cross_entropy_over_window({"logits": logits}, labels, num_items_in_batch=8),
+        summed / 8)
+    torch.testing.assert_close(summed_cross_entropy_over_window((logits,), labels), summed / 4)
+
+
+def test_concatenate_micro_batches_inverts_split_and_rejects_mismatches():
+    batch = {"x": torch.arange(10), "y": torch.arange(10) * 2}
+    parts = split_into_micro_batches(batch, micro_batch_size=3)
+    joined = concatenate_micro_batches(parts)
+    assert all(torch.equal(joined[k], batch[k]) for k in batch)
+    pairs = split_into_micro_batches((torch.zeros(4, 2), torch.ones(4)), accumulation_steps=2)
+    assert isinstance(concatenate_micro_batches(pairs), tuple)
+    with pytest.raises(ValueError, match="cannot be concatenated"):
+        concatenate_micro_batches([torch.zeros(2, 3), torch.zeros(2, 4)])
+    with pytest.raises(ValueError, match="micro_batches is empty"):
+        concatenate_micro_batches([])

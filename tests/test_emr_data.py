@@ -1,0 +1,121 @@
+"""The EMR corpus (deterministic, shipped byte for byte), the tokenizer and the tiny BERT."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gradaccum_lib.data import (
+    DATA_DIR,
+    DIAGNOSES,
+    LABELS,
+    build_vocabulary,
+    corpus_statistics,
+    encode_records,
+    generate_emr_corpus,
+    load_emr_split,
+    load_tokenizer,
+    write_emr_corpus,
+)
+from gradaccum_lib.losses import bert_classification_loss, bert_masked_lm_loss
+from gradaccum_lib.models import make_tiny_bert
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer()
+
+
+def test_generator_is_deterministic_and_seed_dependent():
+    assert generate_emr_corpus(50, seed=3) == generate_emr_corpus(50, seed=3)
+    assert generate_emr_corpus(50, seed=3) != generate_emr_corpus(50, seed=4)
+
+
+def test_corpus_distributions_imbalance_lengths_sections_negations():
+    records = generate_emr_corpus(2000, seed=7)
+    stats = corpus_statistics(records)
+    counts = stats["label_counts"]
+    assert set(counts) == set(LABELS) and all(c > 0 for c in counts.values())
+    assert counts["高血压"] > 2 * counts["泌尿系感染"]  # imbalanced as the priors say
+    assert stats["length_min"] < 30 and stats["length_max"] > 250  # tens to hundreds
+    texts = [r["text"] for r in records]
+    for section in ("主诉", "现病史", "既往史", "体格检查", "辅助检查"):
+        assert sum(section in t for t in texts) > 100
+    assert sum("否认" in t for t in texts) > 500 and sum("无" in t for t in texts) > 1000
+    assert all(r["diagnosis"] == LABELS[r["label"]] for r in records)
+    assert len(DIAGNOSES) == 10
+
+
+def test_shipped_data_is_exactly_what_the_generator_writes(tmp_path):
+    written = write_emr_corpus(tmp_path)
+    for path in written.values():
+        assert path.read_bytes() == (DATA_DIR / path.name).read_bytes(), path.name
+
+
+def test_load_emr_split_and_its_errors(tmp_path):
+    train = load_emr_split("train")
+    assert len(train) == 2000 and {"id", "text", "label", "diagnosis"} <= set(train[0])
+    with pytest.raises(ValueError, match="split must be one of"):
+        load_emr_split("dev")
+    with pytest.raises(FileNotFoundError, match="regenerate it with"):
+        load_emr_split("test", directory=tmp_path)
+    with pytest.raises(ValueError, match="records is empty"):
+        corpus_statistics([])
+
+
+def test_vocabulary_has_specials_characters_and_continuations():
+    vocabulary = build_vocabulary(["头痛 36.5℃", "BP"])
+    assert vocabulary[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert "头" in vocabulary and "##5" in vocabulary and "##℃" in vocabulary
+    assert "##头" not in vocabulary  # CJK characters are split, never continued
+
+
+def test_tokenizer_round_trips_real_text_without_unk(tokenizer):
+    for split in ("train", "validation", "test"):
+        for record in load_emr_split(split):
+            tokens = tokenizer.tokenize(record["text"])
+            assert "[UNK]" not in tokens
+            rebuilt = "".join(t[2:] if t.startswith("##") else t for t in tokens)
+            assert rebuilt == record["text"].replace(" ", "")
+
+
+def test_load_tokenizer_reports_a_missing_vocabulary(tmp_path):
+    with pytest.raises(FileNotFoundError, match="vocabulary .* is missing"):
+        load_tokenizer(tmp_path / "vocab.txt")
+
+
+def test_encode_records_pads_and_truncates_to_a_fixed_width(tokenizer):
+    records = load_emr_split("validation")[:8]
+    batch = encode_records(records, tokenizer, max_length=32)
+    assert batch["input_ids"].shape == batch["attention_mask"].shape == (8, 32)
+    assert batch["labels"].tolist() == [r["label"] for r in records]
+    assert bool((batch["input_ids"][:, 0] == tokenizer.cls_token_id).all())
+    with pytest.raises(ValueError, match="max_length must be a positive int"):
+        encode_records(records, tokenizer, max_length=0)
+
+
+def test_tiny_bert_builds_offline_and_is_seeded(monkeypatch, tokenizer):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    a = make_tiny_bert(len(tokenizer), len(LABELS), hidden_size=16, num_heads=2, seed=1)
+    b = make_tiny_bert(len(tokenizer), len(LABELS), hidden_size=16, num_heads=2, seed=1)
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+    assert a.config.num_labels == 10 and a.config.hidden_dropout_prob == 0.0
+    mlm = make_tiny_bert(len(tokenizer), 2, hidden_size=16, masked_lm=True)
+    assert type(mlm).__name__ == "BertForMaskedLM"
+    with pytest.raises(ValueError, match=r"hidden_size \(10\) must be divisible by num_heads"):
+        make_tiny_bert(100, 2, hidden_size=10, num_heads=3)
+
+
+def test_bert_losses_are_sums_with_their_item_counts(tokenizer):
+    batch = encode_records(load_emr_split("validation")[:6], tokenizer, max_length=24)
+    model = make_tiny_bert(len(tokenizer), len(LABELS), hidden_size=16, dtype=torch.float64)
+    summed, count = bert_classification_loss(model, batch)
+    assert int(count) == 6
+    torch.testing.assert_close(summed / count, model(**batch).loss)
+    mlm = make_tiny_bert(len(tokenizer), 2, hidden_size=16, masked_lm=True, dtype=torch.float64)
+    labels = torch.full_like(batch["input_ids"], -100)
+    labels[:, 1:4] = batch["input_ids"][:, 1:4]
+    masked = {**batch, "labels": labels}
+    summed, count = bert_masked_lm_loss(mlm, masked)
+    assert int(count) == 18
+    torch.testing.assert_close(summed / count, mlm(**masked).loss)
