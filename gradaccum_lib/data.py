@@ -30,6 +30,7 @@ __all__ = [
     "load_emr_split",
     "load_tokenizer",
     "make_toy_classification",
+    "mask_tokens",
     "make_toy_token_batch",
     "write_emr_corpus",
 ]
@@ -423,3 +424,32 @@ def encode_records(
         "attention_mask": encoded["attention_mask"],
         "labels": torch.tensor([int(r["label"]) for r in records]),
     }
+
+
+def mask_tokens(
+    batch: Mapping[str, Tensor],
+    *,
+    mask_token_id: int,
+    special_token_ids: Iterable[int],
+    probability: float = 0.15,
+    seed: int = 0,
+) -> dict[str, Tensor]:
+    """Return a masked-LM copy of ``batch``: each real, non-special token is replaced by
+    ``mask_token_id`` with ``probability`` (its label is the original id); every other
+    position is labelled ``IGNORE_INDEX``. At least one token per note is masked.
+    """
+    if not 0.0 < probability < 1.0:
+        raise ValueError(f"probability must be in (0, 1); got {probability}")
+    input_ids = batch["input_ids"]
+    candidates = batch["attention_mask"].bool()
+    for special in special_token_ids:
+        candidates &= input_ids != special
+    generator = torch.Generator().manual_seed(seed)
+    draws = torch.rand(input_ids.shape, generator=generator)
+    chosen = candidates & (draws < probability)
+    # guarantee one masked token per note that has any candidate: its lowest draw
+    lowest = torch.where(candidates, draws, torch.full_like(draws, 2.0)).argmin(dim=1)
+    has_candidate = candidates.any(dim=1)
+    chosen[has_candidate, lowest[has_candidate]] = True
+    labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
+    return {**batch, "input_ids": input_ids.masked_fill(chosen, mask_token_id), "labels": labels}

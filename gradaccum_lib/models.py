@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor, nn
 
-if TYPE_CHECKING:  # transformers is imported only where a BERT is built
-    from transformers import BertForMaskedLM, BertForSequenceClassification
+if TYPE_CHECKING:  # transformers is imported only where a model is built
+    from transformers import BertForMaskedLM, BertForSequenceClassification, GPT2LMHeadModel
 
-__all__ = ["TokenTagger", "make_mlp", "make_tiny_bert"]
+__all__ = ["TokenTagger", "make_mlp", "make_tiny_bert", "make_tiny_causal_lm"]
 
 Normalization = Literal["none", "batch", "layer"]
 
@@ -107,4 +107,31 @@ def make_tiny_bert(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = (BertForMaskedLM if masked_lm else BertForSequenceClassification)(config)
+    return model.to(dtype)
+
+
+def make_tiny_causal_lm(
+    vocab_size: int,
+    *,
+    hidden_size: int = 32,
+    num_layers: int = 1,
+    num_heads: int = 2,
+    max_length: int = 512,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> GPT2LMHeadModel:
+    """Return a randomly initialised GPT-2-architecture causal LM from ``GPT2Config`` (no
+    dropout). Its loss goes through transformers' shared ``ForCausalLMLoss``, which honours
+    ``num_items_in_batch`` (the 2024 gradient-accumulation fix), unlike BERT's heads.
+    """
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=vocab_size, n_positions=max_length, n_embd=hidden_size, n_layer=num_layers,
+        n_head=num_heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0,
+        bos_token_id=2, eos_token_id=3, loss_type="ForCausalLM",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = GPT2LMHeadModel(config)
     return model.to(dtype)

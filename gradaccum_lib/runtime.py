@@ -39,12 +39,21 @@ class Profile:
     train_samples: int  # training set of the curves experiment
     train_epochs: int
     timing_repeats: int  # interleaved repeats per timing (medians are reported)
+    max_length: int  # tokens per EMR note (truncated / padded)
+    bert_hidden: int  # tiny BERT: hidden size, layers, heads
+    bert_layers: int
+    bert_heads: int
+    emr_train_notes: int  # EMR notes used for training in the case study
+    emr_epochs: int
 
 
 PROFILES: dict[str, Profile] = {
-    "ci": Profile("ci", 64, 16, 32, 4, 24, 50, 200, 256, 512, 200, 5, 5),
-    "cpu": Profile("cpu", 256, 32, 64, 4, 48, 200, 1000, 512, 1024, 1000, 8, 9),
-    "gpu": Profile("gpu", 4096, 128, 512, 8, 256, 5000, 4000, 4096, 4096, 8200, 20, 15),
+    "ci": Profile("ci", 64, 16, 32, 4, 24, 50, 200, 256, 512, 200, 5, 5,
+                  128, 64, 2, 2, 2000, 5),
+    "cpu": Profile("cpu", 256, 32, 64, 4, 48, 200, 1000, 512, 1024, 1000, 8, 9,
+                   256, 128, 2, 4, 2000, 8),
+    "gpu": Profile("gpu", 4096, 128, 512, 8, 256, 5000, 4000, 4096, 4096, 8200, 20, 15,
+                   512, 256, 4, 4, 2000, 20),
 }
 
 

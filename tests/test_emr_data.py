@@ -15,10 +15,11 @@ from gradaccum_lib.data import (
     generate_emr_corpus,
     load_emr_split,
     load_tokenizer,
+    mask_tokens,
     write_emr_corpus,
 )
 from gradaccum_lib.losses import bert_classification_loss, bert_masked_lm_loss
-from gradaccum_lib.models import make_tiny_bert
+from gradaccum_lib.models import make_tiny_bert, make_tiny_causal_lm
 
 
 @pytest.fixture(scope="module")
@@ -119,3 +120,34 @@ def test_bert_losses_are_sums_with_their_item_counts(tokenizer):
     summed, count = bert_masked_lm_loss(mlm, masked)
     assert int(count) == 18
     torch.testing.assert_close(summed / count, mlm(**masked).loss)
+
+
+def test_mask_tokens_masks_only_real_non_special_tokens(tokenizer):
+    batch = encode_records(load_emr_split("validation")[:16], tokenizer, max_length=48)
+    masked = mask_tokens(batch, mask_token_id=tokenizer.mask_token_id,
+                         special_token_ids=tokenizer.all_special_ids, probability=0.15, seed=1)
+    chosen = masked["labels"] != -100
+    assert bool((masked["input_ids"][chosen] == tokenizer.mask_token_id).all())
+    assert torch.equal(masked["labels"][chosen], batch["input_ids"][chosen])
+    assert bool((batch["attention_mask"][chosen] == 1).all())
+    specials = torch.isin(batch["input_ids"], torch.tensor(tokenizer.all_special_ids))
+    assert not bool((chosen & specials).any())
+    assert bool((chosen.sum(dim=1) >= 1).all())  # at least one per note
+    share = chosen.sum() / (batch["attention_mask"].bool() & ~specials).sum()
+    assert 0.1 < share.item() < 0.3
+    again = mask_tokens(batch, mask_token_id=tokenizer.mask_token_id,
+                        special_token_ids=tokenizer.all_special_ids, probability=0.15, seed=1)
+    assert torch.equal(again["input_ids"], masked["input_ids"])
+    with pytest.raises(ValueError, match=r"probability must be in \(0, 1\); got 1.0"):
+        mask_tokens(batch, mask_token_id=4, special_token_ids=[], probability=1.0)
+
+
+def test_tiny_causal_lm_honours_num_items_in_batch(tokenizer):
+    model = make_tiny_causal_lm(len(tokenizer), hidden_size=16, max_length=32,
+                                dtype=torch.float64)
+    batch = encode_records(load_emr_split("validation")[:4], tokenizer, max_length=32)
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    mean = model(**{**batch, "labels": labels}).loss
+    summed_over_ten = model(**{**batch, "labels": labels}, num_items_in_batch=10).loss
+    predicted = int((labels[:, 1:] != -100).sum())
+    torch.testing.assert_close(summed_over_ten * 10, mean * predicted, rtol=1e-6, atol=0)
