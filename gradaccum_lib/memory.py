@@ -28,12 +28,19 @@ from .equivalence import model_restored
 __all__ = [
     "OPTIMIZER_STATES",
     "AccumulationPlan",
+    "ClusterPlan",
+    "TransformerActivations",
+    "TransformerShape",
+    "accumulation_steps_for",
+    "fit_transformer_activations",
+    "max_micro_batch_size",
     "PRECISIONS",
     "MemoryBreakdown",
     "activation_bytes",
     "cuda_peak_bytes",
     "memory_budget",
     "plan_accumulation",
+    "plan_cluster",
     "static_bytes",
     "tensor_bytes",
 ]
@@ -44,14 +51,15 @@ Precision = Literal["fp32", "autocast", "mixed"]
 #: fp32 state tensors the optimizer keeps per parameter
 OPTIMIZER_STATES: dict[str, int] = {"sgd": 0, "sgd_momentum": 1, "adam": 2, "adamw": 2}
 
-#: bytes per parameter for (weights, gradients, fp32 master copy), and the activation scale
-#: relative to fp32. "autocast" is torch.autocast: fp32 weights and gradients, 16-bit
-#: activations. "mixed" is the Megatron/DeepSpeed layout: 16-bit weights and gradients plus an
-#: fp32 master copy that the optimizer updates.
-PRECISIONS: dict[str, tuple[int, int, int, float]] = {
-    "fp32": (4, 4, 0, 1.0),
-    "autocast": (4, 4, 0, 0.5),
-    "mixed": (2, 2, 4, 0.5),
+#: bytes per parameter for (weights, gradients, fp32 master copy). "autocast" is
+#: torch.autocast: fp32 weights and gradients (16-bit copies of the weights made during the
+#: step are activations: measure them). "mixed" is the Megatron/DeepSpeed layout: 16-bit
+#: weights and gradients plus an fp32 master copy that the optimizer updates. Activations are
+#: never scaled by an assumed factor: pass bytes measured in the precision you will use.
+PRECISIONS: dict[str, tuple[int, int, int]] = {
+    "fp32": (4, 4, 0),
+    "autocast": (4, 4, 0),
+    "mixed": (2, 2, 4),
 }
 
 
@@ -152,10 +160,12 @@ def memory_budget(
     precision: Precision = "fp32",
     activation_bytes_per_sample: float = 0.0,
     micro_batch_size: int = 1,
+    activation_bytes_fixed: float = 0.0,
 ) -> MemoryBreakdown:
     """Return the modelled bytes of one training step with micro-batches of
-    ``micro_batch_size`` samples; ``activation_bytes_per_sample`` is the fp32 figure (the
-    precision's scale is applied). The accumulation steps do not appear: that is the point.
+    ``micro_batch_size`` samples: activations are ``activation_bytes_fixed`` (what a step
+    holds whatever its batch, e.g. autocast's 16-bit weight copies) plus the measured bytes
+    per sample times the micro-batch. The accumulation steps do not appear: that is the point.
     """
     if not isinstance(num_parameters, int) or num_parameters < 0:
         raise ValueError(f"num_parameters must be an int >= 0; got {num_parameters!r}")
@@ -165,17 +175,18 @@ def memory_budget(
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}; got {precision!r}")
     if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be a positive int; got {micro_batch_size!r}")
-    if activation_bytes_per_sample < 0:
+    if activation_bytes_per_sample < 0 or activation_bytes_fixed < 0:
         raise ValueError(
-            f"activation_bytes_per_sample must be >= 0; got {activation_bytes_per_sample}"
+            "activation_bytes_per_sample and activation_bytes_fixed must be >= 0; got "
+            f"{activation_bytes_per_sample} and {activation_bytes_fixed}"
         )
-    weight_bytes, grad_bytes, master_bytes, activation_scale = PRECISIONS[precision]
+    weight_bytes, grad_bytes, master_bytes = PRECISIONS[precision]
     return MemoryBreakdown(
         parameters=num_parameters * weight_bytes,
         gradients=num_parameters * grad_bytes,
         optimizer_state=num_parameters * 4 * OPTIMIZER_STATES[optimizer],
         master_weights=num_parameters * master_bytes,
-        activations=round(activation_bytes_per_sample * activation_scale * micro_batch_size),
+        activations=round(activation_bytes_fixed + activation_bytes_per_sample * micro_batch_size),
     )
 
 
@@ -230,3 +241,148 @@ def plan_accumulation(
     )
     seconds = step_time.window_seconds(micro_batch_size, accumulation_steps)
     return AccumulationPlan(micro_batch_size, accumulation_steps, memory, seconds)
+
+
+@dataclass(frozen=True)
+class TransformerActivations:
+    """Activation bytes of a transformer encoder as a function of the sequence length s and
+    the layer count L. Per sample: ``s * outside_per_token + L * (s * per_layer_per_token +
+    s**2 * per_layer_per_token_squared)`` (the s**2 term is attention scores). Fixed, whatever
+    the batch: ``outside_fixed + L * per_layer_fixed`` (e.g. autocast's 16-bit weight copies).
+    """
+
+    outside_fixed: float
+    outside_per_token: float
+    per_layer_fixed: float
+    per_layer_per_token: float
+    per_layer_per_token_squared: float
+
+    def bytes_per_sample(self, sequence_length: int, num_layers: int) -> float:
+        """Return the modelled activation bytes that grow with each sample."""
+        s = float(sequence_length)
+        per_layer = s * self.per_layer_per_token + s * s * self.per_layer_per_token_squared
+        return s * self.outside_per_token + num_layers * per_layer
+
+    def fixed_bytes(self, num_layers: int) -> float:
+        """Return the modelled activation bytes that do not depend on the batch."""
+        return self.outside_fixed + num_layers * self.per_layer_fixed
+
+    def bytes_for(self, micro_batch_size: int, sequence_length: int, num_layers: int) -> float:
+        """Return the modelled activation bytes of a micro-batch."""
+        return (self.fixed_bytes(num_layers)
+                + micro_batch_size * self.bytes_per_sample(sequence_length, num_layers))
+
+
+def fit_transformer_activations(
+    measure: Callable[[int, int], int], lengths: tuple[int, int, int] = (32, 64, 128)
+) -> TransformerActivations:
+    """Return :class:`TransformerActivations` fitted to ``measure(num_layers, length)`` (the
+    measured activation bytes of ONE sample) at 1 and 2 layers and three lengths: the
+    difference between 2 and 1 layers is one layer, solved exactly for its constant, s and
+    s**2 terms; the rest (embeddings, head) is fitted as constant + s.
+    """
+    if len(lengths) != 3 or not 0 < lengths[0] < lengths[1] < lengths[2]:
+        raise ValueError(f"lengths must be three increasing positive ints; got {lengths}")
+    measured = {(layers, s): float(measure(layers, s)) for layers in (1, 2) for s in lengths}
+    powers = torch.tensor([[1.0, s, s * s] for s in lengths], dtype=torch.float64)
+    layer = torch.tensor([measured[2, s] - measured[1, s] for s in lengths], dtype=torch.float64)
+    fixed, per_token, per_token_squared = torch.linalg.solve(powers, layer).tolist()
+    outside = torch.tensor([measured[1, s] for s in lengths], dtype=torch.float64) - layer
+    outside_fit = torch.linalg.lstsq(powers[:, :2], outside[:, None]).solution[:, 0].tolist()
+    return TransformerActivations(outside_fit[0], outside_fit[1], fixed, per_token,
+                                  per_token_squared)
+
+
+def max_micro_batch_size(
+    device_bytes: float,
+    num_parameters: int,
+    activation_bytes_per_sample: float,
+    *,
+    optimizer: Optimizer = "adamw",
+    precision: Precision = "fp32",
+    reserved_bytes: float = 0.0,
+    activation_bytes_fixed: float = 0.0,
+) -> int:
+    """Return the largest micro-batch whose :func:`memory_budget` fits in ``device_bytes``
+    minus ``reserved_bytes`` (runtime context, workspace, fragmentation); 0 if even the
+    parameters, gradients, optimizer state and fixed activations do not fit.
+    """
+    if activation_bytes_per_sample <= 0:
+        raise ValueError(
+            f"activation_bytes_per_sample must be > 0; got {activation_bytes_per_sample}"
+        )
+    static = memory_budget(num_parameters, optimizer=optimizer, precision=precision,
+                           activation_bytes_fixed=activation_bytes_fixed).total
+    free = device_bytes - reserved_bytes - static
+    return max(0, int(free // activation_bytes_per_sample))
+
+
+def accumulation_steps_for(effective_batch_size: int, micro_batch_size: int,
+                           world_size: int = 1) -> int:
+    """Return the smallest k with micro_batch_size * k * world_size >= effective_batch_size."""
+    for label, value in (("effective_batch_size", effective_batch_size),
+                         ("micro_batch_size", micro_batch_size), ("world_size", world_size)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{label} must be a positive int; got {value!r}")
+    return -(-effective_batch_size // (micro_batch_size * world_size))
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    """A transformer encoder family at fixed width: parameters outside the layers and per
+    layer, and its measured activation model."""
+
+    params_outside: int
+    params_per_layer: int
+    activations: TransformerActivations
+
+    def num_parameters(self, num_layers: int) -> int:
+        """Return the parameter count at ``num_layers`` layers."""
+        return self.params_outside + num_layers * self.params_per_layer
+
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    """Per-device memory and the effective batch of a data-parallel accumulation setup."""
+
+    memory: MemoryBreakdown
+    device_bytes: float
+    reserved_bytes: float
+    effective_batch_size: int
+
+    @property
+    def fits(self) -> bool:
+        """Return True when the step fits in one device (after the reserve)."""
+        return self.memory.total + self.reserved_bytes <= self.device_bytes
+
+
+def plan_cluster(
+    shape: TransformerShape,
+    *,
+    num_layers: int,
+    sequence_length: int,
+    micro_batch_size: int,
+    accumulation_steps: int,
+    world_size: int,
+    device_bytes: float,
+    reserved_bytes: float = 0.0,
+    precision: Precision = "fp32",
+    optimizer: Optimizer = "adamw",
+) -> ClusterPlan:
+    """Return the per-device memory budget (every device holds a full replica: plain data
+    parallelism) and the effective batch micro x k x devices. ``shape``'s activations must
+    have been measured in the precision planned for.
+    """
+    for label, value in (("num_layers", num_layers), ("sequence_length", sequence_length),
+                         ("accumulation_steps", accumulation_steps), ("world_size", world_size)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{label} must be a positive int; got {value!r}")
+    memory = memory_budget(
+        shape.num_parameters(num_layers), optimizer=optimizer, precision=precision,
+        micro_batch_size=micro_batch_size,
+        activation_bytes_per_sample=shape.activations.bytes_per_sample(sequence_length,
+                                                                       num_layers),
+        activation_bytes_fixed=shape.activations.fixed_bytes(num_layers),
+    )
+    return ClusterPlan(memory, device_bytes, reserved_bytes,
+                       micro_batch_size * accumulation_steps * world_size)

@@ -7,10 +7,20 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor, nn
 
+from .memory import TransformerShape
+
 if TYPE_CHECKING:  # transformers is imported only where a model is built
     from transformers import BertForMaskedLM, BertForSequenceClassification, GPT2LMHeadModel
 
-__all__ = ["TokenTagger", "make_mlp", "make_tiny_bert", "make_tiny_causal_lm"]
+__all__ = [
+    "ROBERTA_WWM_EXT_LARGE",
+    "TokenTagger",
+    "count_bert_parameters",
+    "make_mlp",
+    "make_tiny_bert",
+    "make_tiny_causal_lm",
+    "measure_bert_shape",
+]
 
 Normalization = Literal["none", "batch", "layer"]
 
@@ -135,3 +145,66 @@ def make_tiny_causal_lm(
         torch.manual_seed(seed)
         model = GPT2LMHeadModel(config)
     return model.to(dtype)
+
+
+#: hfl/chinese-roberta-wwm-ext-large (Cui et al., arXiv:2004.13922): its published config.json.
+#: A BERT architecture despite the name, with a 21,128-token Chinese vocabulary.
+ROBERTA_WWM_EXT_LARGE: dict[str, int] = {
+    "vocab_size": 21128, "hidden_size": 1024, "num_hidden_layers": 24,
+    "num_attention_heads": 16, "intermediate_size": 4096, "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+}
+
+
+def count_bert_parameters(config: dict[str, int], num_labels: int = 2) -> int:
+    """Return the parameter count of a BERT sequence classifier with ``config``, built on the
+    meta device (no memory is allocated, nothing is downloaded).
+    """
+    from transformers import BertConfig, BertForSequenceClassification
+
+    with torch.device("meta"):
+        model = BertForSequenceClassification(BertConfig(**config, num_labels=num_labels))
+    return sum(p.numel() for p in model.parameters())
+
+
+def measure_bert_shape(
+    config: dict[str, int],
+    *,
+    num_labels: int = 2,
+    lengths: tuple[int, int, int] = (32, 64, 128),
+    autocast_dtype: torch.dtype | None = None,
+    model_dtype: torch.dtype = torch.float32,
+) -> TransformerShape:
+    """Return a :class:`TransformerShape` for a BERT family: parameter counts per layer and
+    outside the layers (meta device), and an activation model fitted to activation bytes
+    MEASURED on this machine for one sample at 1 and 2 layers and three lengths, with
+    ``autocast_dtype`` (torch.autocast) or the model cast to ``model_dtype``.
+    """
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from .losses import bert_classification_loss
+    from .memory import activation_bytes, fit_transformer_activations
+
+    one = count_bert_parameters({**config, "num_hidden_layers": 1}, num_labels)
+    two = count_bert_parameters({**config, "num_hidden_layers": 2}, num_labels)
+
+    built: dict[int, nn.Module] = {}
+
+    def measure(num_layers: int, length: int) -> int:
+        if num_layers not in built:  # weights do not matter for the bytes; build each once
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)
+                bert_config = BertConfig(**{**config, "num_hidden_layers": num_layers},
+                                         num_labels=num_labels)
+                built[num_layers] = BertForSequenceClassification(bert_config).to(model_dtype)
+        generator = torch.Generator().manual_seed(0)
+        sample = {
+            "input_ids": torch.randint(5, config["vocab_size"], (1, length), generator=generator),
+            "attention_mask": torch.ones(1, length, dtype=torch.long),
+            "labels": torch.zeros(1, dtype=torch.long),
+        }
+        return activation_bytes(built[num_layers], bert_classification_loss, sample,
+                                autocast_dtype=autocast_dtype)
+
+    return TransformerShape(one - (two - one), two - one,
+                            fit_transformer_activations(measure, lengths))

@@ -6,9 +6,15 @@ from collections.abc import Mapping, Sequence
 
 from matplotlib.figure import Figure
 
-from .memory import AccumulationPlan, MemoryBreakdown
+from .memory import AccumulationPlan, ClusterPlan, MemoryBreakdown
 
-__all__ = ["plot_accumulation_plan", "plot_curves", "plot_errors", "plot_memory_breakdown"]
+__all__ = [
+    "plot_accumulation_plan",
+    "plot_cluster_plan",
+    "plot_curves",
+    "plot_errors",
+    "plot_memory_breakdown",
+]
 
 MIB = 2**20
 PARTS = ("parameters", "gradients", "optimizer_state", "master_weights", "activations")
@@ -132,4 +138,23 @@ def plot_curves(
         axes.set_title(title)
     axes.grid(True, alpha=0.3)
     axes.legend()
+    return figure
+
+
+def plot_cluster_plan(plan: ClusterPlan) -> Figure:
+    """Return one stacked bar of a device's memory (GiB) against its capacity."""
+    figure = Figure(figsize=(4.8, 3.6), layout="constrained")
+    axes = figure.subplots()
+    bottom = 0.0
+    for part in (*PARTS, "reserved"):
+        value = plan.reserved_bytes if part == "reserved" else getattr(plan.memory, part)
+        if value:
+            axes.bar(["one device"], [value / 2**30], bottom=[bottom], label=part.replace("_", " "))
+            bottom += value / 2**30
+    axes.axhline(plan.device_bytes / 2**30, color="black", linestyle="--",
+                 label=f"capacity {plan.device_bytes / 2**30:.0f} GiB")
+    axes.set_ylabel("GiB")
+    axes.set_title(f"effective batch {plan.effective_batch_size}: "
+                   + ("fits" if plan.fits else "does not fit"))
+    axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return figure

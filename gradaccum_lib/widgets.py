@@ -13,10 +13,23 @@ import ipywidgets as widgets
 from matplotlib.figure import Figure
 
 from .bench import StepTimeModel
-from .memory import Optimizer, Precision, plan_accumulation
-from .plots import MIB, plot_accumulation_plan
+from .memory import (
+    ClusterPlan,
+    Optimizer,
+    Precision,
+    TransformerShape,
+    plan_accumulation,
+    plan_cluster,
+)
+from .plots import MIB, plot_accumulation_plan, plot_cluster_plan
 
-__all__ = ["accumulation_explorer", "describe_plan", "figure_png"]
+__all__ = [
+    "accumulation_explorer",
+    "cluster_explorer",
+    "describe_cluster_plan",
+    "describe_plan",
+    "figure_png",
+]
 
 
 def figure_png(figure: Figure) -> bytes:
@@ -79,3 +92,56 @@ def accumulation_explorer(
     size.observe(redraw, names="value")
     redraw()
     return widgets.VBox([steps, size, summary, figure_area])
+
+
+def describe_cluster_plan(plan: ClusterPlan) -> str:
+    """Return a one-line summary of a :class:`ClusterPlan`."""
+    verdict = "fits" if plan.fits else "does NOT fit"
+    return (f"effective batch {plan.effective_batch_size}; per device "
+            f"{plan.memory.total / 2**30:.1f} GiB + {plan.reserved_bytes / 2**30:.1f} GiB reserve"
+            f" of {plan.device_bytes / 2**30:.0f} GiB: {verdict}")
+
+
+def cluster_explorer(
+    shapes: dict[str, tuple[TransformerShape, Precision]],
+    *,
+    num_layers: int = 24,
+    sequence_length: int = 512,
+    micro_batch_size: int = 4,
+    accumulation_steps: int = 8,
+    world_size: int = 8,
+    device_bytes: float = 16 * 2**30,
+    reserved_bytes: float = 2**30,
+) -> widgets.VBox:
+    """Return controls (layers, sequence length, devices, micro-batch, k, precision) driving
+    :func:`plan_cluster`, with a summary line and a per-device memory figure. ``shapes`` maps
+    each precision choice shown to the shape measured in it and its memory layout.
+    """
+    def slider(value: int, low: int, high: int, description: str) -> widgets.IntSlider:
+        return widgets.IntSlider(value=value, min=low, max=high, description=description,
+                                 continuous_update=False, style={"description_width": "initial"})
+
+    layers = slider(num_layers, 1, 96, "layers (model size)")
+    length = slider(sequence_length, 32, 2048, "sequence length")
+    devices = slider(world_size, 1, 64, "GPUs")
+    micro = slider(micro_batch_size, 1, 64, "micro-batch")
+    steps = slider(accumulation_steps, 1, 64, "accumulation steps k")
+    precision = widgets.Dropdown(options=list(shapes), value=next(iter(shapes)),
+                                 description="precision")
+    summary = widgets.Label()
+    figure_area = widgets.Image(format="png")
+
+    def redraw(_change: object = None) -> None:
+        shape, layout = shapes[precision.value]
+        plan = plan_cluster(shape, num_layers=layers.value, sequence_length=length.value,
+                            micro_batch_size=micro.value, accumulation_steps=steps.value,
+                            world_size=devices.value, device_bytes=device_bytes,
+                            reserved_bytes=reserved_bytes, precision=layout)
+        summary.value = (f"{shape.num_parameters(layers.value) / 1e6:.0f}M parameters, "
+                         + describe_cluster_plan(plan))
+        figure_area.value = figure_png(plot_cluster_plan(plan))
+
+    for control in (layers, length, devices, micro, steps, precision):
+        control.observe(redraw, names="value")
+    redraw()
+    return widgets.VBox([layers, length, devices, micro, steps, precision, summary, figure_area])

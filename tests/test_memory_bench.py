@@ -79,7 +79,7 @@ def test_memory_budget_parts(optimizer, precision, expected):
                            activation_bytes_per_sample=10.0, micro_batch_size=8)
     parts = (budget.parameters, budget.gradients, budget.optimizer_state, budget.master_weights)
     assert parts == expected
-    assert budget.activations == (80 if precision == "fp32" else 40)
+    assert budget.activations == 80
     assert budget.total == sum(expected) + budget.activations
     assert budget.as_dict()["total"] == budget.total
 
@@ -104,7 +104,8 @@ def test_memory_budget_agrees_with_measurement_for_adamw():
         ({"optimizer": "lion"}, r"optimizer must be one of .* got 'lion'"),
         ({"precision": "fp8"}, r"precision must be one of .* got 'fp8'"),
         ({"micro_batch_size": 0}, r"micro_batch_size must be a positive int; got 0"),
-        ({"activation_bytes_per_sample": -1.0}, r"activation_bytes_per_sample must be >= 0"),
+        ({"activation_bytes_per_sample": -1.0}, r"activation_bytes_per_sample and .* >= 0"),
+        ({"activation_bytes_fixed": -1.0}, r"activation_bytes_fixed must be >= 0"),
     ],
 )
 def test_memory_budget_rejects_bad_input(kwargs, message):
