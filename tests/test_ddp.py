@@ -1,0 +1,92 @@
+"""DDP under a real torchrun (2 gloo processes): equivalence, communication, failures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from gradaccum_lib import ddp
+from gradaccum_lib.distributed import LaunchError, LaunchTimeout, launch
+
+BASE = ["--accumulation-steps", "4", "--micro-batch-size", "4", "--steps", "3"]
+
+
+def _no_workers_left() -> bool:
+    found = subprocess.run(["pgrep", "-f", "gradaccum_lib.ddp"], capture_output=True, text=True)
+    return found.stdout.strip() == ""
+
+
+@pytest.fixture(scope="module")
+def window_run():
+    return launch("gradaccum_lib.ddp", [*BASE, "--sync", "window"], nproc_per_node=2,
+                  timeout_seconds=180)
+
+
+def test_ddp_with_accumulation_equals_one_large_batch(window_run):
+    assert window_run["world_size"] == 2 and window_run["backend"] == "gloo"
+    assert window_run["effective_batch_size"] == 4 * 4 * 2
+    assert window_run["steps"] == 3
+    assert window_run["max_cross_rank_difference"] == 0.0
+    assert window_run["max_difference_to_single_process"] <= 1e-12
+
+
+def test_sync_once_per_window_vs_every_micro_step(window_run):
+    every = launch("gradaccum_lib.ddp", [*BASE, "--sync", "every"], timeout_seconds=180)
+    assert every["max_difference_to_single_process"] <= 1e-12
+    parameter_bytes = window_run["parameter_bytes"]
+    for step in window_run["per_step"]:
+        assert step["syncs"] == 1 and step["bytes"] == parameter_bytes
+    for step in every["per_step"]:
+        assert step["syncs"] == 4 and step["bytes"] == 4 * parameter_bytes
+    assert every["bytes_per_step"] / window_run["bytes_per_step"] == 4
+
+
+def test_sync_flag_after_forward_diverges_and_the_check_catches_it():
+    trapped = launch("gradaccum_lib.ddp", [*BASE, "--trap", "sync-after-forward"],
+                     timeout_seconds=180)
+    assert trapped["max_cross_rank_difference"] > 1e-6
+    assert trapped["max_difference_to_single_process"] > 1e-6
+
+
+def test_a_failing_rank_raises_with_its_message_and_leaves_no_process():
+    with pytest.raises(LaunchError, match="deliberate failure on rank 1") as info:
+        launch("gradaccum_lib.ddp", [*BASE, "--fail-on-rank", "1"], timeout_seconds=120)
+    assert info.value.root_cause_rank == 1
+    assert "deliberate failure on rank 1" in info.value.rank_stderr[1]
+    assert _no_workers_left()
+
+
+def test_a_hanging_launch_is_killed_at_the_timeout():
+    with pytest.raises(LaunchTimeout, match="did not finish within 12 s"):
+        launch("gradaccum_lib.ddp", [*BASE, "--hang-on-rank", "0"], timeout_seconds=12)
+    assert _no_workers_left()
+
+
+def test_launch_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="nproc_per_node must be a positive int; got 0"):
+        launch("gradaccum_lib.ddp", BASE, nproc_per_node=0)
+    with pytest.raises(ValueError, match="timeout_seconds must be > 0"):
+        launch("gradaccum_lib.ddp", BASE, timeout_seconds=0)
+
+
+def test_program_falls_back_to_one_process_without_torchrun(tmp_path, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    output = tmp_path / "single.json"
+    assert ddp.main([*BASE, "--json", str(output), "--steps-per-epoch", "2"]) == 0
+    results = json.loads(output.read_text())
+    assert results["world_size"] == 1 and results["backend"] is None
+    assert results["effective_batch_size"] == 16
+    assert results["max_difference_to_single_process"] <= 1e-12
+    assert results["per_step"][0]["syncs"] == 0
+
+
+def test_program_rejects_bad_command_lines(capsys):
+    with pytest.raises(SystemExit):
+        ddp.parse_arguments(["--accumulation-steps", "0", "--micro-batch-size", "2",
+                             "--steps", "1", "--json", "x"])
+    assert "--accumulation-steps must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ddp.parse_arguments([*BASE, "--json", "x", "--sync", "sometimes"])
