@@ -14,7 +14,14 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["StepTimeModel", "Timing", "fit_step_time", "time_interleaved"]
+__all__ = [
+    "DdpStepModel",
+    "StepTimeModel",
+    "Timing",
+    "fit_ddp_step_model",
+    "fit_step_time",
+    "time_interleaved",
+]
 
 
 @dataclass(frozen=True)
@@ -110,3 +117,64 @@ def fit_step_time(
     design = torch.stack([torch.ones_like(sizes), sizes], dim=1)
     overhead, per_sample = torch.linalg.lstsq(design, seconds[:, None]).solution[:, 0].tolist()
     return StepTimeModel(max(overhead, 0.0), max(per_sample, 0.0), seconds_per_optimizer_step)
+
+
+@dataclass(frozen=True)
+class DdpStepModel:
+    """Time of one data-parallel optimizer step with k micro-steps:
+    ``k * compute_per_micro_step + syncs * comm_per_sync + per_step`` where syncs is 1 when
+    gradients are synchronised once per window and k when every micro-step synchronises.
+    ``comm_per_sync`` is the part of an all-reduce that compute does not hide.
+    """
+
+    compute_per_micro_step: float
+    comm_per_sync: float
+    per_step: float = 0.0
+
+    @classmethod
+    def from_comm_share(cls, compute_per_micro_step: float, comm_share: float) -> DdpStepModel:
+        """Return the model of a cluster where, at k = 1, communication takes ``comm_share``
+        of the step (e.g. 0.6: 60%)."""
+        if not 0.0 <= comm_share < 1.0:
+            raise ValueError(f"comm_share must be in [0, 1); got {comm_share}")
+        return cls(compute_per_micro_step,
+                   compute_per_micro_step * comm_share / (1.0 - comm_share))
+
+    def step_seconds(self, accumulation_steps: int, sync: str = "window") -> float:
+        """Return the modelled seconds of one optimizer step."""
+        if sync not in ("window", "every"):
+            raise ValueError(f"sync must be 'window' or 'every'; got {sync!r}")
+        if not isinstance(accumulation_steps, int) or accumulation_steps < 1:
+            raise ValueError(
+                f"accumulation_steps must be a positive int; got {accumulation_steps!r}"
+            )
+        syncs = 1 if sync == "window" else accumulation_steps
+        return (accumulation_steps * self.compute_per_micro_step + syncs * self.comm_per_sync
+                + self.per_step)
+
+    def comm_fraction(self, accumulation_steps: int, sync: str = "window") -> float:
+        """Return the share of the step spent in (unhidden) communication."""
+        syncs = 1 if sync == "window" else accumulation_steps
+        return syncs * self.comm_per_sync / self.step_seconds(accumulation_steps, sync)
+
+
+def fit_ddp_step_model(
+    accumulation_steps: Sequence[int],
+    window_seconds: Sequence[float],
+    every_seconds: Sequence[float],
+) -> DdpStepModel:
+    """Return the least-squares :class:`DdpStepModel` through measured step times with one
+    sync per window (``k c + m + o``) and one per micro-step (``k c + k m + o``), clipped at 0.
+    """
+    if not len(accumulation_steps) == len(window_seconds) == len(every_seconds) >= 2:
+        raise ValueError("need at least two k values, each with a window and an every time")
+    rows, times = [], []
+    for k, window, every in zip(accumulation_steps, window_seconds, every_seconds, strict=True):
+        rows += [[float(k), 1.0, 1.0], [float(k), float(k), 1.0]]
+        times += [float(window), float(every)]
+    design = torch.tensor(rows, dtype=torch.float64)
+    if torch.linalg.matrix_rank(design) < 3:
+        raise ValueError("the k values must differ (at least one k > 1) to separate the terms")
+    solution = torch.linalg.lstsq(design, torch.tensor(times, dtype=torch.float64)[:, None])
+    compute, comm, per_step = (max(v, 0.0) for v in solution.solution[:, 0].tolist())
+    return DdpStepModel(compute, comm, per_step)

@@ -25,9 +25,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import gc
 import json
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 
@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from .data import make_toy_classification
-from .distributed import CommCounter, DistributedContext, init_distributed
+from .distributed import CommCounter, DistributedContext, init_distributed, run_worker
 from .equivalence import full_batch_gradients
 from .losses import sample_classification_loss
 from .models import make_mlp
@@ -52,6 +52,9 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m gradaccum_lib.ddp",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--accumulation-steps", type=int, required=True)
+    parser.add_argument("--sweep", default=None,
+                        help="comma-separated k values: run each with --sync window and every "
+                             "in this one launch (JSON: {'runs': [...]})")
     parser.add_argument("--micro-batch-size", type=int, required=True)
     parser.add_argument("--steps", type=int, required=True, help="optimizer steps in all")
     parser.add_argument("--steps-per-epoch", type=int, default=None,
@@ -77,6 +80,13 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     arguments.steps_per_epoch = arguments.steps_per_epoch or arguments.steps
     if arguments.steps_per_epoch < 1:
         parser.error("--steps-per-epoch must be >= 1")
+    if arguments.sweep is not None:
+        try:
+            arguments.sweep = [int(value) for value in arguments.sweep.split(",")]
+        except ValueError:
+            parser.error(f"--sweep must be comma-separated ints; got {arguments.sweep!r}")
+        if not arguments.sweep or min(arguments.sweep) < 1:
+            parser.error("--sweep values must be >= 1")
     return arguments
 
 
@@ -193,6 +203,8 @@ def run(arguments: argparse.Namespace) -> dict:
             for name, parameter in reference.named_parameters():
                 parameter.grad = gradients[name]
             reference_optimizer.step()
+            per_step[-1]["difference_to_single_process"] = (
+                _parameter_vector(base) - _parameter_vector(reference)).abs().max().item()
             step += 1
 
     difference_to_single = (_parameter_vector(base) - _parameter_vector(reference)).abs().max()
@@ -220,6 +232,8 @@ def run(arguments: argparse.Namespace) -> dict:
     }
     if ctx.world_size > 1:
         dist.barrier()
+        del model  # release DDP's reducer (and its hook) before another run or the teardown
+        gc.collect()
     return results
 
 
@@ -227,14 +241,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse, run, print and write on rank 0, and tear the process group down."""
     arguments = parse_arguments(argv)
     try:
-        results = run(arguments)
+        if arguments.sweep is None:
+            results = run(arguments)
+            summaries = [results]
+        else:  # one process group, every (k, sync) of the sweep
+            summaries = [run(argparse.Namespace(**{**vars(arguments), "accumulation_steps": k,
+                                                    "sync": sync}))
+                         for k in arguments.sweep for sync in ("window", "every")]
+            results = {"runs": summaries}
         if not dist.is_initialized() or dist.get_rank() == 0:
             with open(arguments.json, "w") as handle:
                 json.dump(results, handle, indent=1)
-            print(f"bytes/step {results['bytes_per_step']:.0f}, syncs/step "
-                  f"{results['syncs_per_step']:.0f}, max cross-rank difference "
-                  f"{results['max_cross_rank_difference']:.1e}, vs single process "
-                  f"{results['max_difference_to_single_process']:.1e}", flush=True)
+            for summary in summaries:
+                print(f"k={summary['accumulation_steps']} sync={summary['sync']}: bytes/step "
+                      f"{summary['bytes_per_step']:.0f}, syncs/step "
+                      f"{summary['syncs_per_step']:.0f},"
+                      f" max cross-rank difference {summary['max_cross_rank_difference']:.1e},"
+                      f" vs single process {summary['max_difference_to_single_process']:.1e}",
+                      flush=True)
+        if dist.is_initialized():
+            dist.barrier()  # only on success: a failed rank must not wait for the others
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -242,4 +268,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_worker(main)

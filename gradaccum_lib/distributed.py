@@ -13,11 +13,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -32,6 +35,8 @@ __all__ = [
     "LaunchTimeout",
     "init_distributed",
     "launch",
+    "run_worker",
+    "torchrun_command",
 ]
 
 
@@ -116,7 +121,8 @@ class CommCounter:
 
 class LaunchError(RuntimeError):
     """torchrun exited non-zero; ``rank_stderr`` maps each failing rank to its stderr tail and
-    ``root_cause_rank`` is the rank torchrun saw fail first (None if it did not say).
+    ``root_cause_rank`` is the rank that failed on its own (not because a peer died), else the
+    one torchrun saw fail first (None if neither is known).
     """
 
     def __init__(self, message: str, returncode: int, rank_stderr: dict[int, str],
@@ -127,6 +133,9 @@ class LaunchError(RuntimeError):
         self.root_cause_rank = root_cause_rank
 
 
+#: what a rank prints when it fails only because ANOTHER rank died (a collective broke)
+PEER_FAILURE = re.compile(r"Connection closed by peer|Connection reset by peer|Timed out waiting|"
+                          r"DistNetworkError|remote worker crashing")
 ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", re.DOTALL)
 
 
@@ -202,8 +211,11 @@ def launch(
             logs = _rank_logs(log_dir, "stderr")
             failing = {r: log[-tail_chars:] for r, log in logs.items() if "Traceback" in log}
             failing = failing or {r: log[-tail_chars:] for r, log in logs.items()}
+            # the root cause: a rank that failed on its own, not because a peer died; else
+            # the rank torchrun observed failing first
+            own = sorted(r for r, log in failing.items() if not PEER_FAILURE.search(log))
             match = ROOT_CAUSE.search(launcher_stderr)
-            root = int(match.group(1)) if match else None
+            root = own[0] if own else (int(match.group(1)) if match else None)
             order = sorted(failing, key=lambda r: (r != root, r))  # the root cause first
             details = "\n".join(f"--- rank {r} stderr (tail) ---\n{failing[r]}" for r in order)
             if not details:
@@ -216,3 +228,49 @@ def launch(
             raise LaunchError(f"torchrun {module} succeeded but rank 0 wrote no JSON",
                               process.returncode, {})
         return json.loads(json_path.read_text())
+
+
+def torchrun_command(
+    module: str,
+    arguments: list[str],
+    *,
+    nproc_per_node: int,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str = "gradaccum",
+) -> str:
+    """Return the torchrun command line to run ``module`` on one node (``--standalone``) or,
+    the same line on every node, on ``nnodes`` nodes meeting at the c10d rendezvous
+    ``rdzv_endpoint`` (host:port of any one of them).
+    """
+    if nnodes < 1 or nproc_per_node < 1:
+        raise ValueError(f"nnodes and nproc_per_node must be >= 1; got {nnodes}, {nproc_per_node}")
+    if nnodes == 1:
+        launcher = ["--standalone"]
+    elif rdzv_endpoint is None:
+        raise ValueError("rdzv_endpoint (host:port) is required for more than one node")
+    else:
+        launcher = [f"--nnodes={nnodes}", "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
+    return shlex.join(["torchrun", *launcher, f"--nproc_per_node={nproc_per_node}",
+                       "-m", module, *arguments])
+
+
+def run_worker(main: Callable[[], int]) -> None:
+    """Run a torchrun worker's ``main`` and exit with its code, skipping the interpreter's
+    finalisation when launched by torchrun: gloo's worker threads can abort the process
+    during finalisation ("terminate called without an active exception", about one run in
+    ten here), after the work is done. ``main`` must destroy its process group first.
+    """
+    try:
+        code = main()
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:  # noqa: BLE001 - report any failure as the rank's traceback
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if "TORCHELASTIC_RUN_ID" in os.environ or "RANK" in os.environ:
+        os._exit(code)
+    sys.exit(code)

@@ -6,12 +6,14 @@ from collections.abc import Mapping, Sequence
 
 from matplotlib.figure import Figure
 
+from .bench import DdpStepModel
 from .memory import AccumulationPlan, ClusterPlan, MemoryBreakdown
 
 __all__ = [
     "plot_accumulation_plan",
     "plot_cluster_plan",
     "plot_curves",
+    "plot_ddp_step",
     "plot_errors",
     "plot_memory_breakdown",
 ]
@@ -157,4 +159,21 @@ def plot_cluster_plan(plan: ClusterPlan) -> Figure:
     axes.set_title(f"effective batch {plan.effective_batch_size}: "
                    + ("fits" if plan.fits else "does not fit"))
     axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return figure
+
+
+def plot_ddp_step(model: DdpStepModel, accumulation_steps: int) -> Figure:
+    """Return stacked bars (ms) of compute and communication per optimizer step, syncing every
+    micro-step vs once per window."""
+    figure = Figure(figsize=(6.0, 3.4), layout="constrained")
+    axes = figure.subplots()
+    labels = ["sync every micro-step", "sync once per window"]
+    syncs = [accumulation_steps, 1]
+    compute = [1e3 * (accumulation_steps * model.compute_per_micro_step + model.per_step)] * 2
+    comm = [1e3 * s * model.comm_per_sync for s in syncs]
+    axes.bar(labels, compute, label="compute")
+    axes.bar(labels, comm, bottom=compute, label="communication")
+    axes.set_ylabel("ms per optimizer step")
+    axes.set_title(f"k = {accumulation_steps}")
+    axes.legend()
     return figure

@@ -12,7 +12,7 @@ import io
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
-from .bench import StepTimeModel
+from .bench import DdpStepModel, StepTimeModel
 from .memory import (
     ClusterPlan,
     Optimizer,
@@ -21,12 +21,14 @@ from .memory import (
     plan_accumulation,
     plan_cluster,
 )
-from .plots import MIB, plot_accumulation_plan, plot_cluster_plan
+from .plots import MIB, plot_accumulation_plan, plot_cluster_plan, plot_ddp_step
 
 __all__ = [
     "accumulation_explorer",
+    "ddp_time_explorer",
     "cluster_explorer",
     "describe_cluster_plan",
+    "describe_ddp_step",
     "describe_plan",
     "figure_png",
 ]
@@ -145,3 +147,42 @@ def cluster_explorer(
         control.observe(redraw, names="value")
     redraw()
     return widgets.VBox([layers, length, devices, micro, steps, precision, summary, figure_area])
+
+
+def describe_ddp_step(model: DdpStepModel, accumulation_steps: int) -> str:
+    """Return a one-line summary of the step time with one sync per window vs every micro-step."""
+    window = model.step_seconds(accumulation_steps, "window")
+    every = model.step_seconds(accumulation_steps, "every")
+    return (f"k={accumulation_steps}: communication {model.comm_fraction(accumulation_steps):.0%}"
+            f" of the step when syncing once per window, "
+            f"{model.comm_fraction(accumulation_steps, 'every'):.0%} when syncing every"
+            f" micro-step; once per window is {every / window:.2f}x faster")
+
+
+def ddp_time_explorer(
+    compute_per_micro_step: float,
+    *,
+    comm_share: float = 0.6,
+    accumulation_steps: int = 4,
+    max_accumulation_steps: int = 32,
+) -> widgets.VBox:
+    """Return sliders for k and for the communication share of a k = 1 step, driving
+    :class:`DdpStepModel` (compute per micro-step as measured)."""
+    steps = widgets.IntSlider(value=accumulation_steps, min=1, max=max_accumulation_steps,
+                              description="accumulation steps k", continuous_update=False,
+                              style={"description_width": "initial"})
+    share = widgets.FloatSlider(value=comm_share, min=0.0, max=0.95, step=0.05,
+                                description="communication share at k=1",
+                                continuous_update=False, style={"description_width": "initial"})
+    summary = widgets.Label()
+    figure_area = widgets.Image(format="png")
+
+    def redraw(_change: object = None) -> None:
+        model = DdpStepModel.from_comm_share(compute_per_micro_step, share.value)
+        summary.value = describe_ddp_step(model, steps.value)
+        figure_area.value = figure_png(plot_ddp_step(model, steps.value))
+
+    steps.observe(redraw, names="value")
+    share.observe(redraw, names="value")
+    redraw()
+    return widgets.VBox([steps, share, summary, figure_area])
