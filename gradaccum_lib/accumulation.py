@@ -388,8 +388,10 @@ class AccumulationTrainer:
         total = None
         if hasattr(micro_batches, "__len__"):
             total = math.ceil(len(micro_batches) / self.accumulation_steps)
+        # at most one redraw a second: a notebook bar is a widget, and every redraw is a
+        # message to the front end (thousands of them overflow a kernel's output channel)
         bar = tqdm(total=total, initial=self.windows_done, disable=not self.progress,
-                   desc=f"epoch {self.epoch}", unit="step")
+                   desc=f"epoch {self.epoch}", unit="step", mininterval=1.0)
         for index, window in enumerate(windows_of(micro_batches, self.accumulation_steps)):
             if index < self.windows_done:
                 continue  # already trained before a resume
@@ -437,10 +439,10 @@ class AccumulationTrainer:
         parameters = self._parameters()
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # once per window, before clipping
-        with torch.no_grad():
-            for parameter in parameters:
-                if parameter.grad is not None:
-                    parameter.grad.mul_(provisional / total_items)
+        if provisional != total_items:  # equal counts (the common case): nothing to rescale
+            grads = [p.grad for p in parameters if p.grad is not None]
+            with torch.no_grad():
+                torch._foreach_mul_(grads, provisional / total_items)
         grad_norm = torch.nn.utils.clip_grad_norm_(
             parameters, self.max_grad_norm if self.max_grad_norm is not None else math.inf
         )
