@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-stamp
 NOTEBOOK_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 GRADACCUM_PROFILE=ci
 LAB_PORT ?= 8888
 
-.PHONY: setup lab test notebooks lint clean
+.PHONY: setup lab test notebooks lint bench clean
 
 setup: $(STAMP)
 
@@ -30,8 +30,11 @@ test: $(STAMP)
 notebooks: $(STAMP)
 	$(NOTEBOOK_ENV) $(PY) scripts/execute_notebooks.py notebooks/*.ipynb
 
+bench: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/run.py
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check gradaccum_lib tests scripts notebooks conftest.py
+	$(VENV)/bin/ruff check gradaccum_lib tests scripts benchmarks notebooks conftest.py
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -26,7 +25,12 @@ from matplotlib.figure import Figure
 from gradaccum_lib import split_into_micro_batches
 from gradaccum_lib.accumulation import AccumulationTrainer
 from gradaccum_lib.bench import Timing, time_interleaved
-from gradaccum_lib.data import encode_records, load_emr_split, load_tokenizer, make_toy_classification
+from gradaccum_lib.data import (
+    encode_records,
+    load_emr_split,
+    load_tokenizer,
+    make_toy_classification,
+)
 from gradaccum_lib.distributed import launch
 from gradaccum_lib.losses import bert_classification_loss, sample_classification_loss
 from gradaccum_lib.memory import activation_bytes
@@ -102,13 +106,17 @@ def loop_overhead(name, make_model, batch, loss_fn, ks, repeats):  # noqa: ANN00
     rows = []
     for k in ks:
         window = split_into_micro_batches(batch, accumulation_steps=k)
-        loops = {}
-        for label, build in (("library", lambda m, o: library_loop(m, o, loss_fn, k)),
-                             ("bare", lambda m, o: bare_loop(m, o, k)),
-                             ("accelerate", lambda m, o: accelerate_loop(m, o, k))):
+        steps = {}
+        for label in ("library", "bare", "accelerate"):
             model = make_model()
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-            loops[label] = (lambda s=build(model, optimizer): s(window))
+            if label == "library":
+                steps[label] = library_loop(model, optimizer, loss_fn, k)
+            elif label == "bare":
+                steps[label] = bare_loop(model, optimizer, k)
+            else:
+                steps[label] = accelerate_loop(model, optimizer, k)
+        loops = {label: (lambda step=step, w=window: step(w)) for label, step in steps.items()}
         timings = time_interleaved(loops, repeats=repeats, warmup=2)
         row = {"model": name, "k": k, **{label: summary(t) for label, t in timings.items()}}
         row["library_vs_bare"] = timings["library"].median / timings["bare"].median
@@ -148,26 +156,39 @@ def activation_scaling(batch, ks):  # noqa: ANN001, ANN201
 
 
 PEAK_SCRIPT = """
-import resource, sys, torch
+import sys, torch
+from pathlib import Path
 from gradaccum_lib import split_into_micro_batches
 from gradaccum_lib.accumulation import AccumulationTrainer
 from gradaccum_lib.data import make_toy_classification
 from gradaccum_lib.losses import sample_classification_loss
 from gradaccum_lib.models import make_mlp
+
+def status(field):
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])  # KiB
+
 k, n, d = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 x, y = make_toy_classification(n, d, 4, dtype=torch.float32)
 model = make_mlp(d, 4096, 4, dtype=torch.float32)
 trainer = AccumulationTrainer(model, sample_classification_loss,
                               torch.optim.SGD(model.parameters(), lr=0.1),
                               accumulation_steps=k, progress=False)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-trainer.step_window(split_into_micro_batches((x, y), accumulation_steps=k))
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+window = split_into_micro_batches((x, y), accumulation_steps=k)
+trainer.step_window(window)  # gradients and allocator pools exist from here on
+Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
+before = status("VmRSS")
+trainer.step_window(window)
+print(status("VmHWM") - before)
 """
 
 
 def peak_process_memory(ks, samples, dim):  # noqa: ANN001, ANN201
-    """Peak RSS growth (KiB) of one accumulated step in a fresh process per k."""
+    """Peak resident-memory growth (KiB) during one accumulated step (after a first one), in
+    a fresh process per k; Linux only (/proc/self/clear_refs resets the peak)."""
+    if not Path("/proc/self/clear_refs").exists():
+        return []
     rows = []
     for k in ks:
         out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(k), str(samples), str(dim)],
@@ -265,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     quick = arguments.quick
     torch.manual_seed(0)
     ks = [1, 2, 4] if quick else [1, 2, 4, 8, 16]
-    repeats = 3 if quick else 9
+    repeats = 3 if quick else 21
     started = time.perf_counter()
 
     mlp_batch = make_toy_classification(32 if quick else 256, 64 if quick else 256, 4,
@@ -284,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [32, 8, 2] if quick else [256, 128, 64, 32, 16, 8, 4, 2, 1]
     results["micro_batch_time"] = micro_batch_time(mlp_batch, sizes[0], sizes, repeats)
     results["activation_memory"] = activation_scaling(mlp_batch, ks)
-    results["peak_memory"] = peak_process_memory(ks, 64 if quick else 1024, 64 if quick else 512)
+    results["peak_memory"] = peak_process_memory(ks, 64 if quick else 2048,
+                                                 64 if quick else 512)
     results["ddp"] = ddp_communication(ks, quick)
     results["cuda"] = None  # filled by a GPU run: see benchmarks/README.md
     results["seconds"] = time.perf_counter() - started

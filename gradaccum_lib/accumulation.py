@@ -12,6 +12,7 @@ variable-length sequences give exactly the large-batch gradient.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
@@ -180,15 +181,8 @@ def concatenate_micro_batches(micro_batches: Sequence[Batch]) -> Batch:
     return type(first)(parts)
 
 
-def check_loss_output(
-    output: object, micro_step: int, *, check_finite: bool = True
-) -> tuple[Tensor, float]:
-    """Return ``(summed_loss, num_items)`` from a loss function's output, validated.
-
-    ``num_items`` comes back as a Python float (exact for counts below 2**53). A non-finite
-    loss raises :class:`NonFiniteLossError` naming ``micro_step`` (unless ``check_finite`` is
-    False: the training loop checks a whole window at once, to synchronise once per window).
-    """
+def _checked_output(output: object, micro_step: int) -> tuple[Tensor, Tensor | float]:
+    """The (summed_loss, num_items) pair of a loss function, its kinds and shapes checked."""
     if not isinstance(output, tuple) or len(output) != 2:
         raise TypeError(
             "loss_fn must return a tuple (summed_loss, num_items); "
@@ -207,20 +201,32 @@ def check_loss_output(
                 "loss_fn's num_items must be a single number (items, or total item weight); "
                 f"got a tensor of shape {tuple(num_items.shape)} at micro-batch {micro_step}"
             )
-        count = float(num_items.detach().reshape(()).item())
-    elif isinstance(num_items, numbers.Real) and not isinstance(num_items, bool):
-        count = float(num_items)
-    else:
-        raise TypeError(
-            "loss_fn's num_items must be a number (int, float) or a one-element Tensor; "
-            f"got {type(num_items).__name__} at micro-batch {micro_step}"
-        )
+        return summed_loss, num_items.detach().reshape(())
+    if isinstance(num_items, numbers.Real) and not isinstance(num_items, bool):
+        return summed_loss, float(num_items)
+    raise TypeError(
+        "loss_fn's num_items must be a number (int, float) or a one-element Tensor; "
+        f"got {type(num_items).__name__} at micro-batch {micro_step}"
+    )
+
+
+def _check_count(count: float, micro_step: int) -> None:
     if not (math.isfinite(count) and count >= 0):
         raise ValueError(
-            f"loss_fn's num_items must be finite and >= 0; got {count} "
-            f"at micro-batch {micro_step}"
+            f"loss_fn's num_items must be finite and >= 0; got {count} at micro-batch {micro_step}"
         )
-    if check_finite and not torch.isfinite(summed_loss.detach()).item():
+
+
+def check_loss_output(output: object, micro_step: int) -> tuple[Tensor, float]:
+    """Return ``(summed_loss, num_items)`` from a loss function's output, validated.
+
+    ``num_items`` comes back as a Python float (exact for counts below 2**53). A non-finite
+    loss raises :class:`NonFiniteLossError` naming ``micro_step``.
+    """
+    summed_loss, num_items = _checked_output(output, micro_step)
+    count = float(num_items.item()) if isinstance(num_items, Tensor) else num_items
+    _check_count(count, micro_step)
+    if not torch.isfinite(summed_loss.detach()).item():
         raise NonFiniteLossError(micro_step, summed_loss.item())
     return summed_loss, count
 
@@ -363,6 +369,11 @@ class AccumulationTrainer:
         self.windows_done = 0  # windows finished in the current epoch (for resuming)
         self.optimizer_steps = 0
 
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.amp_dtype)
+
     def _parameters(self) -> list[nn.Parameter]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
@@ -415,37 +426,45 @@ class AccumulationTrainer:
             raise ValueError("window is empty; it needs at least one micro-batch")
         self.optimizer.zero_grad(set_to_none=True)
         summed_losses: list[Tensor] = []
-        total_items = 0.0
-        provisional = 0.0
+        counts: list[Tensor | float] = []
+        provisional: Tensor | float = 1.0
         for micro_step, micro_batch in enumerate(window):
-            with torch.autocast(self.device_type, dtype=self.amp_dtype or torch.bfloat16,
-                                enabled=self.amp_dtype is not None):
+            with self._autocast():
                 output = self.loss_fn(self.model, micro_batch)
-            summed_loss, num_items = check_loss_output(output, micro_step, check_finite=False)
+            # no host sync per micro-step: counts and losses are checked once per window
+            summed_loss, count = _checked_output(output, micro_step)
             if micro_step == 0:
-                provisional = max(num_items, 1.0) * len(window)
+                provisional = (count.clamp(min=1.0) if isinstance(count, Tensor)
+                               else max(count, 1.0)) * len(window)
             loss = _at_least_fp32(summed_loss) / provisional
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             summed_losses.append(_at_least_fp32(summed_loss.detach()))
-            total_items += num_items
+            counts.append(count)
         losses = torch.stack([loss.to(summed_losses[0].dtype) for loss in summed_losses])
         finite = torch.isfinite(losses)
         if not bool(finite.all()):  # one sync per window, and never a silent step
             bad = int((~finite).nonzero()[0].item())
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLossError(bad, losses[bad].item())
+        count_values = [float(c.item()) if isinstance(c, Tensor) else c for c in counts]
+        for micro_step, count in enumerate(count_values):
+            _check_count(count, micro_step)
+        total_items = sum(count_values)
         if total_items <= 0:
+            self.optimizer.zero_grad(set_to_none=True)
             raise ValueError(f"window {self.windows_done} covers no items (every num_items was 0)")
+        provisional = max(count_values[0], 1.0) * len(window)
         parameters = self._parameters()
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # once per window, before clipping
-        if provisional != total_items:  # equal counts (the common case): nothing to rescale
-            grads = [p.grad for p in parameters if p.grad is not None]
+        grads = [p.grad for p in parameters if p.grad is not None]
+        if provisional != total_items and grads:  # equal counts (common): nothing to rescale
             with torch.no_grad():
                 torch._foreach_mul_(grads, provisional / total_items)
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            parameters, self.max_grad_norm if self.max_grad_norm is not None else math.inf
-        )
+        if self.max_grad_norm is not None:  # clip once, on the accumulated gradient
+            grad_norm = torch.nn.utils.clip_grad_norm_(parameters, self.max_grad_norm)
+        else:  # the norm only, for the history: no pass that multiplies by 1
+            grad_norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
         learning_rate = float(self.optimizer.param_groups[0]["lr"])
         if self.scaler is not None:
             self.scaler.step(self.optimizer)

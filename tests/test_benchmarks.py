@@ -1,0 +1,35 @@
+"""Smoke test of the benchmark harness at tiny sizes: it runs and writes well-formed results.
+(No timing assertions: these machines are noisy.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
+
+
+def test_quick_benchmark_writes_json_table_and_figure(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_run", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    (tmp_path / "README.md").write_text(
+        f"# kept header\n\n{module.START}\nold table\n{module.END}\nkept footer\n")
+    assert module.main(["--quick", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["quick"] is True and results["machine"]["torch"]
+    overhead = results["loop_overhead"]
+    assert {row["model"] for row in overhead} == {"MLP", "tiny BERT"}
+    for row in overhead:
+        for loop in ("library", "bare", "accelerate"):
+            assert 0 < row[loop]["min"] <= row[loop]["median"] <= row[loop]["max"]
+        assert row["library_vs_bare"] > 0 and row["library_vs_accelerate"] > 0
+    assert [row["k"] for row in results["activation_memory"]] == [1, 2, 4]
+    assert abs(results["activation_memory"][-1]["ratio_to_1_over_k"] - 1) < 0.05
+    ddp = {(r["accumulation_steps"], r["sync"]): r for r in results["ddp"]}
+    assert ddp[4, "every"]["bytes_per_step"] == 4 * ddp[4, "window"]["bytes_per_step"]
+    readme = (tmp_path / "README.md").read_text()
+    assert readme.startswith("# kept header") and readme.endswith("kept footer\n")
+    assert "old table" not in readme and "| MLP | 1 |" in readme
+    assert (tmp_path / "results.png").read_bytes().startswith(b"\x89PNG")
