@@ -336,6 +336,7 @@ class AccumulationTrainer:
         max_grad_norm: float | None = None,
         amp_dtype: torch.dtype | None = None,
         progress: bool = True,
+        observers: Sequence[Any] = (),
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
@@ -357,6 +358,10 @@ class AccumulationTrainer:
         self.max_grad_norm = max_grad_norm
         self.amp_dtype = amp_dtype
         self.progress = progress
+        # objects with on_micro_step(parameters, micro_step, num_items, provisional) and
+        # on_window_end(parameters, total_items, provisional), e.g. noise.NoiseScaleTracker;
+        # they see gradients in provisional units, before the window's rescale
+        self.observers = list(observers)
         self.device_type = next(model.parameters()).device.type
         # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range
         self.scaler = (
@@ -440,6 +445,9 @@ class AccumulationTrainer:
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             summed_losses.append(_at_least_fp32(summed_loss.detach()))
             counts.append(count)
+            for observer in self.observers:
+                observer.on_micro_step(self._parameters(), micro_step, float(count), float(
+                    provisional))
         losses = torch.stack([loss.to(summed_losses[0].dtype) for loss in summed_losses])
         finite = torch.isfinite(losses)
         if not bool(finite.all()):  # one sync per window, and never a silent step
@@ -454,6 +462,8 @@ class AccumulationTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             raise ValueError(f"window {self.windows_done} covers no items (every num_items was 0)")
         provisional = max(count_values[0], 1.0) * len(window)
+        for observer in self.observers:
+            observer.on_window_end(self._parameters(), total_items, provisional)
         parameters = self._parameters()
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # once per window, before clipping

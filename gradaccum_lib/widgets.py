@@ -29,8 +29,10 @@ __all__ = [
     "cluster_explorer",
     "describe_cluster_plan",
     "describe_ddp_step",
+    "describe_learning_rates",
     "describe_plan",
     "figure_png",
+    "learning_rate_explorer",
 ]
 
 
@@ -186,3 +188,33 @@ def ddp_time_explorer(
     share.observe(redraw, names="value")
     redraw()
     return widgets.VBox([steps, share, summary, figure_area])
+
+
+def describe_learning_rates(base_lr: float, base_batch: int, batch: int,
+                            measured: dict[tuple[int, str], float]) -> str:
+    """Return the learning rate each rule gives at ``batch`` and, where measured, the result."""
+    from .noise import scaled_learning_rate
+
+    parts = []
+    for rule in ("none", "linear", "sqrt"):
+        lr = scaled_learning_rate(base_lr, base_batch, batch, rule)
+        result = measured.get((batch, rule))
+        parts.append(f"{rule}: lr {lr:.2e}" + (f" -> {result:.3f}" if result is not None else ""))
+    return f"effective batch {batch}: " + "; ".join(parts)
+
+
+def learning_rate_explorer(base_lr: float, base_batch: int, batches: list[int],
+                           measured: dict[tuple[int, str], float]) -> widgets.VBox:
+    """Return a slider over effective batches showing each scaling rule's learning rate and
+    the measured validation loss it gave."""
+    slider = widgets.SelectionSlider(options=batches, value=base_batch,
+                                     description="effective batch", continuous_update=False,
+                                     style={"description_width": "initial"})
+    summary = widgets.Label()
+
+    def redraw(_change: object = None) -> None:
+        summary.value = describe_learning_rates(base_lr, base_batch, slider.value, measured)
+
+    slider.observe(redraw, names="value")
+    redraw()
+    return widgets.VBox([slider, summary])

@@ -1,0 +1,119 @@
+"""The gradient noise scale from the gradients accumulation already computes, and batch-size
+rules for the learning rate.
+
+McCandlish et al. 2018 ("An Empirical Model of Large-Batch Training", arXiv:1812.06162):
+the simple noise scale B_simple = tr(Σ) / |G|², where G is the true gradient and Σ the
+per-sample gradient covariance, predicts the critical batch size. With gradients measured at
+two batch sizes b (a micro-batch) and B (the window), unbiased estimators are
+
+    |G|²  ≈ (B |G_B|² - b |G_b|²) / (B - b)          tr(Σ) ≈ (|G_b|² - |G_B|²) / (1/b - 1/B)
+
+Accumulation computes both for free: each micro-batch's gradient is the difference of the
+accumulated gradient before and after its backward pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "NoiseScaleTracker",
+    "brute_force_noise_scale",
+    "noise_scale_estimates",
+    "scaled_learning_rate",
+]
+
+
+def noise_scale_estimates(small_squared_norm: float, big_squared_norm: float,
+                          small_batch: float, big_batch: float) -> tuple[float, float]:
+    """Return the unbiased estimates (|G|², tr Σ) from squared gradient norms measured at a
+    small and a big batch size (McCandlish et al. 2018, appendix A.1)."""
+    if not 0 < small_batch < big_batch:
+        raise ValueError(f"need 0 < small_batch < big_batch; got {small_batch}, {big_batch}")
+    squared_gradient = ((big_batch * big_squared_norm - small_batch * small_squared_norm)
+                        / (big_batch - small_batch))
+    trace = (small_squared_norm - big_squared_norm) / (1 / small_batch - 1 / big_batch)
+    return squared_gradient, trace
+
+
+def _flat_gradient(parameters: list[nn.Parameter]) -> Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach()
+                      .reshape(-1).to(torch.float64) for p in parameters])
+
+
+@dataclass
+class NoiseScaleTracker:
+    """An :class:`~gradaccum_lib.accumulation.AccumulationTrainer` observer estimating the
+    noise scale every window from its micro-batch and window gradients, with exponential
+    moving averages of |G|² and tr Σ (smoothing the ratio's numerator and denominator
+    separately, as the paper recommends). Costs two flat copies of the gradient.
+    """
+
+    smoothing: float = 0.9
+    records: list[dict[str, float]] = field(default_factory=list)
+    _previous: Tensor | None = field(default=None, repr=False)
+    _micro_squared: list[float] = field(default_factory=list, repr=False)
+    _micro_items: list[float] = field(default_factory=list, repr=False)
+    _ema: tuple[float, float] | None = field(default=None, repr=False)
+
+    def on_micro_step(self, parameters: list[nn.Parameter], micro_step: int,
+                      num_items: float, provisional: float) -> None:
+        """Record the squared norm of this micro-batch's mean-loss gradient."""
+        current = _flat_gradient(parameters)
+        if micro_step == 0:
+            self._previous = torch.zeros_like(current)
+            self._micro_squared, self._micro_items = [], []
+        if num_items > 0:
+            micro = (current - self._previous) * (provisional / num_items)
+            self._micro_squared.append(float(micro.pow(2).sum()))
+            self._micro_items.append(num_items)
+        self._previous = current
+
+    def on_window_end(self, parameters: list[nn.Parameter], total_items: float,
+                      provisional: float) -> None:
+        """Combine the window's gradient with its micro-batches' into one estimate."""
+        if len(self._micro_squared) < 2:
+            return  # a window of one micro-batch has only one batch size
+        window = _flat_gradient(parameters) * (provisional / total_items)
+        small = sum(self._micro_items) / len(self._micro_items)
+        squared_gradient, trace = noise_scale_estimates(
+            sum(self._micro_squared) / len(self._micro_squared), float(window.pow(2).sum()),
+            small, total_items)
+        if self._ema is None:
+            self._ema = (squared_gradient, trace)
+        else:
+            a = self.smoothing
+            self._ema = (a * self._ema[0] + (1 - a) * squared_gradient,
+                         a * self._ema[1] + (1 - a) * trace)
+        smoothed = self._ema[1] / self._ema[0] if self._ema[0] > 0 else math.inf
+        self.records.append({"squared_gradient": squared_gradient, "trace": trace,
+                             "b_simple": trace / squared_gradient if squared_gradient > 0
+                             else math.inf, "b_simple_smoothed": smoothed})
+
+
+def brute_force_noise_scale(per_sample_gradients: Tensor) -> float:
+    """Return tr(Σ) / |G|² from per-sample gradients (rows): the ground truth the estimator
+    is checked against."""
+    if per_sample_gradients.dim() != 2 or len(per_sample_gradients) < 2:
+        raise ValueError("per_sample_gradients must be a 2-dim tensor with at least 2 rows")
+    g = per_sample_gradients.to(torch.float64)
+    mean = g.mean(dim=0)
+    trace = (g - mean).pow(2).sum(dim=1).mean()
+    return float(trace / mean.pow(2).sum())
+
+
+def scaled_learning_rate(base_lr: float, base_batch: int, batch: int, rule: str) -> float:
+    """Return the learning rate for ``batch`` from one tuned at ``base_batch``: ``none``
+    keeps it, ``linear`` scales it by batch/base (Goyal et al. 2017, arXiv:1706.02677),
+    ``sqrt`` by its square root (the rule usually argued for Adam-type optimizers)."""
+    ratio = batch / base_batch
+    rules = {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}
+    if rule not in rules:
+        raise ValueError(f"rule must be one of {sorted(rules)}; got {rule!r}")
+    if base_lr <= 0 or base_batch < 1 or batch < 1:
+        raise ValueError("base_lr must be > 0 and both batch sizes >= 1")
+    return base_lr * rules[rule]
