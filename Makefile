@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-stamp
 NOTEBOOK_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 GRADACCUM_PROFILE=ci
 LAB_PORT ?= 8888
 
-.PHONY: setup lab test notebooks lint bench clean
+.PHONY: setup lab test test-browser notebooks lint bench clean
 
 setup: $(STAMP)
 
@@ -24,8 +24,13 @@ lab: $(STAMP)
 		$$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 test: $(STAMP)
-	$(NOTEBOOK_ENV) $(PY) -m pytest tests notebooks --nbval --nbval-current-env \
-		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
+	$(NOTEBOOK_ENV) $(PY) -m pytest tests notebooks -m "not browser" --nbval \
+		--nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
+		--nbval-cell-timeout=600
+
+# JupyterLab in Chromium (/usr/bin/chromium; Debian: apt-get install chromium): the sliders
+test-browser: $(STAMP)
+	$(NOTEBOOK_ENV) $(PY) -m pytest tests/browser -m browser -v
 
 notebooks: $(STAMP)
 	$(NOTEBOOK_ENV) $(PY) scripts/execute_notebooks.py notebooks/*.ipynb

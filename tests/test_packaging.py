@@ -49,12 +49,13 @@ def test_torch_is_pinned_exactly_and_transformers_is_5x():
     assert pins["nbval"].startswith("0.11.")
 
 
-def test_ci_runs_the_readme_test_command():
-    assert "make test" in (ROOT / "README.md").read_text()
-    commands = [line for line in (ROOT / ".ci/run").read_text().splitlines()
-                if line and not line.startswith("#") and not line.startswith("set ")
-                and not line.startswith("cd ")]
-    assert commands == ["make test"]
+def test_ci_runs_the_readme_test_command_then_the_browser_test():
+    readme = (ROOT / "README.md").read_text()
+    assert "make test" in readme and "make test-browser" in readme
+    commands = [line.strip() for line in (ROOT / ".ci/run").read_text().splitlines()
+                if line.strip() and not line.lstrip().startswith("#")]
+    assert commands[2] == "make test"  # after `set -euo pipefail` and `cd`
+    assert commands[-1] == "GRADACCUM_REQUIRE_BROWSER=1 make test-browser"
 
 
 def test_notebooks_are_committed_executed_in_order_without_errors():
