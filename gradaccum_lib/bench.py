@@ -137,6 +137,10 @@ class DdpStepModel:
         of the step (e.g. 0.6: 60%)."""
         if not 0.0 <= comm_share < 1.0:
             raise ValueError(f"comm_share must be in [0, 1); got {comm_share}")
+        if not compute_per_micro_step > 0:
+            raise ValueError(
+                f"compute_per_micro_step must be > 0; got {compute_per_micro_step}"
+            )
         return cls(compute_per_micro_step,
                    compute_per_micro_step * comm_share / (1.0 - comm_share))
 

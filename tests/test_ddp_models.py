@@ -23,6 +23,8 @@ def test_ddp_step_model_times_and_shares():
     assert share.comm_fraction(1) == pytest.approx(0.6)
     with pytest.raises(ValueError, match=r"comm_share must be in \[0, 1\)"):
         DdpStepModel.from_comm_share(1.0, 1.0)
+    with pytest.raises(ValueError, match="compute_per_micro_step must be > 0; got 0.0"):
+        DdpStepModel.from_comm_share(0.0, 0.6)
 
 
 def test_fit_ddp_step_model_recovers_known_terms():
