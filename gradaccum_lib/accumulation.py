@@ -34,6 +34,7 @@ __all__ = [
     "NonFiniteLossError",
     "batch_size",
     "check_loss_output",
+    "check_positive_int",
     "concatenate_micro_batches",
     "evaluate_mean_loss",
     "split_into_micro_batches",
@@ -57,6 +58,14 @@ class NonFiniteLossError(FloatingPointError):
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_positive_int(label: str, value: object) -> int:
+    """Return ``value`` if it is an int >= 1 (bools refused), else raise a ValueError that
+    names ``label`` and the value."""
+    if not _is_int(value) or value < 1:
+        raise ValueError(f"{label} must be a positive int; got {value!r}")
+    return value
 
 
 def _tensors_of(batch: Batch) -> list[tuple[str, Tensor]]:
@@ -340,10 +349,7 @@ class AccumulationTrainer:
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
-        if not _is_int(accumulation_steps) or accumulation_steps < 1:
-            raise ValueError(
-                f"accumulation_steps must be a positive int; got {accumulation_steps!r}"
-            )
+        check_positive_int("accumulation_steps", accumulation_steps)
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0 or None; got {max_grad_norm!r}")
         if amp_dtype not in (None, torch.bfloat16, torch.float16):
@@ -399,8 +405,8 @@ class AccumulationTrainer:
         """
         if (checkpoint_path is None) != (checkpoint_every is None):
             raise ValueError("give both checkpoint_path and checkpoint_every, or neither")
-        if checkpoint_every is not None and (not _is_int(checkpoint_every) or checkpoint_every < 1):
-            raise ValueError(f"checkpoint_every must be a positive int; got {checkpoint_every!r}")
+        if checkpoint_every is not None:
+            check_positive_int("checkpoint_every", checkpoint_every)
         total = None
         if hasattr(micro_batches, "__len__"):
             total = math.ceil(len(micro_batches) / self.accumulation_steps)

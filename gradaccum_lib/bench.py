@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .accumulation import check_positive_int
+
 __all__ = [
     "DdpStepModel",
     "StepTimeModel",
@@ -59,8 +61,7 @@ def time_interleaved(
     """
     if not functions:
         raise ValueError("functions must name at least one callable")
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a positive int; got {repeats!r}")
+    check_positive_int("repeats", repeats)
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0; got {warmup!r}")
     names = list(functions)
@@ -91,10 +92,8 @@ class StepTimeModel:
 
     def window_seconds(self, micro_batch_size: int, accumulation_steps: int) -> float:
         """Return the modelled seconds of one window (one optimizer step)."""
-        for label, value in (("micro_batch_size", micro_batch_size),
-                             ("accumulation_steps", accumulation_steps)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{label} must be a positive int; got {value!r}")
+        check_positive_int("micro_batch_size", micro_batch_size)
+        check_positive_int("accumulation_steps", accumulation_steps)
         per_micro_step = self.overhead_per_micro_step + micro_batch_size * self.seconds_per_sample
         return accumulation_steps * per_micro_step + self.seconds_per_optimizer_step
 
@@ -148,10 +147,7 @@ class DdpStepModel:
         """Return the modelled seconds of one optimizer step."""
         if sync not in ("window", "every"):
             raise ValueError(f"sync must be 'window' or 'every'; got {sync!r}")
-        if not isinstance(accumulation_steps, int) or accumulation_steps < 1:
-            raise ValueError(
-                f"accumulation_steps must be a positive int; got {accumulation_steps!r}"
-            )
+        check_positive_int("accumulation_steps", accumulation_steps)
         syncs = 1 if sync == "window" else accumulation_steps
         return (accumulation_steps * self.compute_per_micro_step + syncs * self.comm_per_sync
                 + self.per_step)

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from .accumulation import check_positive_int as _positive_int
+
 if TYPE_CHECKING:  # transformers is imported only where a tokenizer is built
     from transformers import PreTrainedTokenizerBase
 
@@ -37,12 +39,6 @@ __all__ = [
 
 PAD_ID = 0  # input id of padding tokens
 IGNORE_INDEX = -100  # label of padding tokens: they count as no item
-
-
-def _positive_int(label: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{label} must be a positive int; got {value!r}")
-    return value
 
 
 def make_toy_classification(

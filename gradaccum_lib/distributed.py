@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from .accumulation import check_positive_int
+
 __all__ = [
     "CommCounter",
     "DistributedContext",
@@ -182,8 +184,7 @@ def launch(
     longer than ``timeout_seconds``, and :class:`LaunchError` with the failing ranks' stderr
     tails when it exits non-zero.
     """
-    if not isinstance(nproc_per_node, int) or nproc_per_node < 1:
-        raise ValueError(f"nproc_per_node must be a positive int; got {nproc_per_node!r}")
+    check_positive_int("nproc_per_node", nproc_per_node)
     if timeout_seconds <= 0:
         raise ValueError(f"timeout_seconds must be > 0; got {timeout_seconds}")
     with tempfile.TemporaryDirectory(prefix="gradaccum-launch-") as scratch:

@@ -12,12 +12,13 @@ window of an epoch).
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from .accumulation import AccumulationTrainer
+from .accumulation import AccumulationTrainer, concatenate_micro_batches
+from .equivalence import OptimizerFactory
 from .losses import bert_classification_loss
 
 __all__ = [
@@ -29,16 +30,12 @@ __all__ = [
     "summed_cross_entropy_over_window",
 ]
 
-OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
-
 
 class WindowDataset(torch.utils.data.Dataset):
     """The samples of a window's micro-batches, as a map-style dataset of dicts."""
 
     def __init__(self, micro_batches: Sequence[Mapping[str, Tensor]]) -> None:
-        self.columns = {
-            key: torch.cat([mb[key] for mb in micro_batches]) for key in micro_batches[0]
-        }
+        self.columns = concatenate_micro_batches(micro_batches)
         self.micro_batch_size = len(next(iter(micro_batches[0].values())))
 
     def __len__(self) -> int:

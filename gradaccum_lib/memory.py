@@ -21,7 +21,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from .accumulation import Batch, LossFn, check_loss_output
+from .accumulation import Batch, LossFn, check_loss_output, check_positive_int
 from .bench import StepTimeModel
 from .equivalence import model_restored
 
@@ -173,8 +173,7 @@ def memory_budget(
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATES)}; got {optimizer!r}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}; got {precision!r}")
-    if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
-        raise ValueError(f"micro_batch_size must be a positive int; got {micro_batch_size!r}")
+    check_positive_int("micro_batch_size", micro_batch_size)
     if activation_bytes_per_sample < 0 or activation_bytes_fixed < 0:
         raise ValueError(
             "activation_bytes_per_sample and activation_bytes_fixed must be >= 0; got "
@@ -322,8 +321,7 @@ def accumulation_steps_for(effective_batch_size: int, micro_batch_size: int,
     """Return the smallest k with micro_batch_size * k * world_size >= effective_batch_size."""
     for label, value in (("effective_batch_size", effective_batch_size),
                          ("micro_batch_size", micro_batch_size), ("world_size", world_size)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{label} must be a positive int; got {value!r}")
+        check_positive_int(label, value)
     return -(-effective_batch_size // (micro_batch_size * world_size))
 
 
@@ -375,8 +373,7 @@ def plan_cluster(
     """
     for label, value in (("num_layers", num_layers), ("sequence_length", sequence_length),
                          ("accumulation_steps", accumulation_steps), ("world_size", world_size)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{label} must be a positive int; got {value!r}")
+        check_positive_int(label, value)
     memory = memory_budget(
         shape.num_parameters(num_layers), optimizer=optimizer, precision=precision,
         micro_batch_size=micro_batch_size,

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor, nn
 
+from .accumulation import check_positive_int
 from .memory import TransformerShape
 
 if TYPE_CHECKING:  # transformers is imported only where a model is built
@@ -40,8 +41,7 @@ def make_mlp(
     """
     for label, value in (("input_dim", input_dim), ("hidden_dim", hidden_dim),
                          ("output_dim", output_dim)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{label} must be a positive int; got {value!r}")
+        check_positive_int(label, value)
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1); got {dropout}")
     norms = {"none": None, "batch": nn.BatchNorm1d, "layer": nn.LayerNorm}

@@ -60,6 +60,10 @@ class NoiseScaleTracker:
     _micro_items: list[float] = field(default_factory=list, repr=False)
     _ema: tuple[float, float] | None = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.smoothing < 1.0:
+            raise ValueError(f"smoothing must be in [0, 1); got {self.smoothing}")
+
     def on_micro_step(self, parameters: list[nn.Parameter], micro_step: int,
                       num_items: float, provisional: float) -> None:
         """Record the squared norm of this micro-batch's mean-loss gradient."""

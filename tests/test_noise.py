@@ -86,3 +86,8 @@ def test_scaled_learning_rate_rules_and_widget():
     assert summary.value == describe_learning_rates(1e-3, 32, 32, measured)
     slider.value = 64
     assert "linear: lr 2.00e-03 -> 1.500" in summary.value
+
+
+def test_tracker_rejects_a_smoothing_outside_0_1():
+    with pytest.raises(ValueError, match=r"smoothing must be in \[0, 1\); got 1.0"):
+        NoiseScaleTracker(smoothing=1.0)

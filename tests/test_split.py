@@ -91,3 +91,12 @@ def test_bad_step_arguments_name_the_argument_and_range(kwargs, error, message):
 def test_bad_batches_are_rejected_with_their_reason(batch, error, message):
     with pytest.raises(error, match=message):
         split_into_micro_batches(batch, accumulation_steps=1)
+
+
+def test_check_positive_int_accepts_ints_and_names_bad_values():
+    from gradaccum_lib.accumulation import check_positive_int
+
+    assert check_positive_int("k", 3) == 3
+    for bad in (0, -2, 2.0, True, "3", None):
+        with pytest.raises(ValueError, match=rf"k must be a positive int; got {bad!r}"):
+            check_positive_int("k", bad)
