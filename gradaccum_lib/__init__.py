@@ -5,7 +5,7 @@ and full-batch gradients under the ``loss_fn(model, batch) -> (summed_loss, num_
 contract, and measure how far apart two sets of gradients are.
 """
 
-from .accumulation import NonFiniteLossError, split_into_micro_batches
+from .batches import NonFiniteLossError, split_into_micro_batches
 from .equivalence import accumulated_gradients, full_batch_gradients, max_gradient_difference
 
 __all__ = [

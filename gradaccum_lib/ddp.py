@@ -1,23 +1,24 @@
-"""The program torchrun runs: DDP with gradient accumulation, checked against one process.
+"""The program torchrun runs: the engine under DDP or FSDP2, checked against one process.
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 -m gradaccum_lib.ddp \\
         --accumulation-steps 4 --micro-batch-size 8 --steps 6 --sync window --json out.json
 
-Per optimizer step, every rank runs k micro-batches of its ``DistributedSampler`` shard. In
-``--sync window`` mode the first k-1 backward passes run inside ``model.no_sync()`` (forward
-AND backward: DDP decides at forward time whether the next backward synchronises), so the
-gradients are all-reduced once per window; ``--sync every`` all-reduces after every
-micro-batch. The loss is each micro-batch's SUMMED loss times world_size / (the window's item
-count summed over all ranks), so DDP's averaging over ranks yields the mean over every item of
-the global window, even when ranks hold different numbers of items.
+Every rank trains its ``DistributedSampler`` shard with :class:`AccumulationTrainer` (the one
+accumulation loop of the package): ``--sync window`` synchronises gradients once per window
+(``no_sync`` for the other micro-steps), ``--sync every`` after every micro-step (the same
+gradient, k times the communication). The engine divides by the window's item count over ALL
+ranks, so each step is the exact mean over every item of the global window, even when ranks
+hold different numbers of items (``--task tokens``: a token-level loss over sequences of
+uneven length) and in a partial last window (``--samples`` not a multiple of the global
+window).
 
-After each optimizer step the program checks that all ranks hold the same parameters, and at
-the end it compares them with a single-process run, inside this same program, that takes one
-full-batch step per global window on exactly the same samples. Rank 0 prints and writes JSON.
-The trap flags reproduce mistakes on purpose: ``--trap sync-after-forward`` sets
-``require_backward_grad_sync`` after the forward pass, ``--trap static-graph`` builds DDP with
-``static_graph=True``, ``--trap no-set-epoch`` never calls ``sampler.set_epoch``.
-Without torchrun's environment it runs as one process (world size 1).
+After each optimizer step the program checks that all ranks hold the same parameters, and
+compares them with a single-process reference in this same program: one full-batch step
+(``equivalence.full_batch_gradients``, the ground truth) per global window on exactly the same
+samples. Rank 0 prints and writes JSON. The traps reproduce mistakes on purpose:
+``sync-after-forward`` sets ``require_backward_grad_sync`` after the forward pass (too late),
+``static-graph`` builds DDP with ``static_graph=True``, ``no-set-epoch`` never calls
+``sampler.set_epoch``. Without torchrun's environment it runs as one process.
 """
 
 from __future__ import annotations
@@ -37,11 +38,13 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from .data import make_toy_classification
+from .accumulation import AccumulationTrainer
+from .batches import windows_of
+from .data import make_toy_classification, make_toy_token_batch
 from .distributed import CommCounter, DistributedContext, init_distributed, run_worker
 from .equivalence import full_batch_gradients
-from .losses import sample_classification_loss
-from .models import make_mlp
+from .losses import sample_classification_loss, token_classification_loss
+from .models import TokenTagger, make_mlp
 
 TRAPS = ("none", "sync-after-forward", "static-graph", "no-set-epoch")
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -59,6 +62,12 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, required=True, help="optimizer steps in all")
     parser.add_argument("--steps-per-epoch", type=int, default=None,
                         help="optimizer steps per epoch (default: --steps, one epoch)")
+    parser.add_argument("--samples", type=int, default=None,
+                        help="samples in the data set (default: enough for --steps-per-epoch "
+                             "full windows); not a multiple of the global window gives a "
+                             "partial last window")
+    parser.add_argument("--task", choices=("classification", "tokens"), default="classification")
+    parser.add_argument("--wrap", choices=("ddp", "fsdp2"), default="ddp")
     parser.add_argument("--sync", choices=("window", "every"), default="window")
     parser.add_argument("--json", required=True, help="where rank 0 writes the results")
     parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
@@ -69,6 +78,8 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-classes", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trap", choices=TRAPS, default="none")
+    parser.add_argument("--dump-parameters", action="store_true",
+                        help="add the final parameters (a flat list) to the JSON")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="process-group timeout in seconds")
     parser.add_argument("--fail-on-rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -80,6 +91,10 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     arguments.steps_per_epoch = arguments.steps_per_epoch or arguments.steps
     if arguments.steps_per_epoch < 1:
         parser.error("--steps-per-epoch must be >= 1")
+    if arguments.samples is not None and arguments.samples < 1:
+        parser.error("--samples must be >= 1")
+    if not arguments.timeout > 0:
+        parser.error("--timeout must be > 0")
     if arguments.sweep is not None:
         try:
             arguments.sweep = [int(value) for value in arguments.sweep.split(",")]
@@ -96,21 +111,19 @@ def _optimizer(arguments: argparse.Namespace, parameters) -> torch.optim.Optimiz
     return torch.optim.AdamW(parameters, lr=arguments.lr)
 
 
-def _sampler(dataset: TensorDataset, ctx_rank: int, world_size: int,
-             seed: int) -> DistributedSampler:
-    return DistributedSampler(dataset, num_replicas=world_size, rank=ctx_rank, shuffle=True,
-                              seed=seed, drop_last=False)
+def _full(tensor: Tensor) -> Tensor:
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def _parameter_vector(model: nn.Module) -> Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return torch.cat([_full(p.detach()).reshape(-1).cpu() for p in model.parameters()])
 
 
 def cross_rank_difference(model: nn.Module, ctx: DistributedContext) -> float:
     """Return max |parameters - rank 0's parameters| over all ranks (0.0 in one process)."""
     if ctx.world_size == 1:
         return 0.0
-    mine = _parameter_vector(model)
+    mine = _parameter_vector(model).to(ctx.device)
     reference = mine.clone()
     dist.broadcast(reference, src=0)
     difference = (mine - reference).abs().max().to(torch.float64).reshape(1)
@@ -118,121 +131,156 @@ def cross_rank_difference(model: nn.Module, ctx: DistributedContext) -> float:
     return difference.item()
 
 
+def token_pair_loss(model: nn.Module, batch: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    """:func:`token_classification_loss` for ``(input_ids, labels)`` pairs of a TensorDataset."""
+    input_ids, labels = batch
+    return token_classification_loss(model, {"input_ids": input_ids, "labels": labels})
+
+
+def _task(arguments: argparse.Namespace, samples: int, dtype: torch.dtype):  # noqa: ANN202
+    """(dataset, model, loss function) of the chosen task."""
+    if arguments.task == "tokens":  # sequences of 1..24 real tokens: uneven item counts
+        tokens = make_toy_token_batch(samples, 24, 50, arguments.num_classes,
+                                      seed=arguments.seed)
+        model = TokenTagger(50, arguments.hidden_dim, arguments.num_classes,
+                            seed=arguments.seed, dtype=dtype)
+        return TensorDataset(tokens["input_ids"], tokens["labels"]), model, token_pair_loss
+    inputs, labels = make_toy_classification(samples, arguments.input_dim,
+                                             arguments.num_classes, seed=arguments.seed,
+                                             dtype=dtype)
+    model = make_mlp(arguments.input_dim, arguments.hidden_dim, arguments.num_classes,
+                     seed=arguments.seed, dtype=dtype)
+    return TensorDataset(inputs, labels), model, sample_classification_loss
+
+
+class LateSyncFlagTrainer(AccumulationTrainer):
+    """TRAP (``--trap sync-after-forward``): the engine, except that the DDP sync flag is
+    set AFTER each forward pass, as a copied loop might do. DDP has already decided at forward
+    time, so the window's last backward does not synchronise (and the next window's first
+    one does)."""
+
+    def _gradient_sync(self, sync: bool) -> contextlib.AbstractContextManager:
+        self.sync_flag_for_this_micro_step = sync
+        return contextlib.nullcontext()
+
+
+def _late_flag_loss(trainer_box: list, loss_fn):  # noqa: ANN001, ANN202
+    def loss(model: nn.Module, batch: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+        output = loss_fn(model, batch)  # the forward pass has run ...
+        model.require_backward_grad_sync = trainer_box[0].sync_flag_for_this_micro_step
+        return output  # ... so setting the flag now is too late
+    return loss
+
+
+def _wrap(base: nn.Module, arguments: argparse.Namespace, ctx: DistributedContext,
+          counter: CommCounter) -> nn.Module:
+    if ctx.world_size == 1:
+        return base
+    if arguments.wrap == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+        return fully_shard(base)
+    model = DistributedDataParallel(base, static_graph=arguments.trap == "static-graph")
+    # a lambda: DDP rejects string annotations (from __future__) on a hook's bucket
+    model.register_comm_hook(None, lambda state, bucket: counter.hook(state, bucket))
+    return model
+
+
 def run(arguments: argparse.Namespace) -> dict:
-    """Train with DDP and accumulation; return the results (identical on every rank)."""
+    """Train with the engine under DDP/FSDP2; return the results (identical on every rank)."""
     ctx = init_distributed(arguments.timeout)
     dtype = DTYPES[arguments.dtype]
     k, micro = arguments.accumulation_steps, arguments.micro_batch_size
     effective = micro * k * ctx.world_size
-    steps_per_epoch = arguments.steps_per_epoch
-    epochs = -(-arguments.steps // steps_per_epoch)
-    inputs, labels = make_toy_classification(effective * steps_per_epoch, arguments.input_dim,
-                                             arguments.num_classes, seed=arguments.seed,
-                                             dtype=dtype)
-    dataset = TensorDataset(inputs, labels)
-
-    base = make_mlp(arguments.input_dim, arguments.hidden_dim, arguments.num_classes,
-                    seed=arguments.seed, dtype=dtype).to(ctx.device)
+    samples = arguments.samples or effective * arguments.steps_per_epoch
+    dataset, base, loss_fn = _task(arguments, samples, dtype)
+    base = base.to(ctx.device)
     reference = copy.deepcopy(base)
     reference_optimizer = _optimizer(arguments, reference.parameters())
-    model: nn.Module = base
     counter = CommCounter()
-    if ctx.world_size > 1:
-        model = DistributedDataParallel(base, static_graph=arguments.trap == "static-graph")
-        # a lambda: DDP rejects string annotations (from __future__) on a hook's bucket
-        model.register_comm_hook(None, lambda state, bucket: counter.hook(state, bucket))
-    optimizer = _optimizer(arguments, model.parameters())
-    sampler = _sampler(dataset, ctx.rank, ctx.world_size, arguments.seed)
-    every_sampler = [_sampler(dataset, r, ctx.world_size, arguments.seed)
-                     for r in range(ctx.world_size)]
-
+    model = _wrap(base, arguments, ctx, counter)
+    late = arguments.trap == "sync-after-forward" and ctx.world_size > 1
+    box: list = []
+    trainer = (LateSyncFlagTrainer if late else AccumulationTrainer)(
+        model, _late_flag_loss(box, loss_fn) if late else loss_fn,
+        _optimizer(arguments, model.parameters()), accumulation_steps=k, progress=False,
+        sync_every_micro_step=arguments.sync == "every")
+    box.append(trainer)
+    samplers = [DistributedSampler(dataset, num_replicas=ctx.world_size, rank=rank,
+                                   shuffle=True, seed=arguments.seed, drop_last=False)
+                for rank in range(ctx.world_size)]  # every rank's, for the reference
+    sampler = samplers[ctx.rank]
     if ctx.is_main:
         print(f"world size {ctx.world_size} ({ctx.backend or 'single process'}), effective "
               f"batch = micro-batch {micro} x k {k} x world {ctx.world_size} = {effective}",
               flush=True)
     per_step: list[dict] = []
     epoch_orders: list[list[int]] = []
-    step = 0
-    for epoch in range(epochs):
+    step, epoch = 0, 0
+    while step < arguments.steps:
         if arguments.trap != "no-set-epoch":
             sampler.set_epoch(epoch)
-        for other in every_sampler:  # the reference always reshuffles, as intended
-            other.set_epoch(epoch)
+        for other in samplers:  # the reference always reshuffles, as intended
+            if other is not sampler:
+                other.set_epoch(epoch)
         epoch_orders.append(list(iter(sampler)))
-        loader = iter(DataLoader(dataset, batch_size=micro, sampler=sampler))
-        global_orders = [list(iter(s)) for s in every_sampler]
-        for window_index in range(steps_per_epoch):
-            if step == arguments.steps:
+        global_orders = [list(iter(s)) for s in samplers]
+        loader = DataLoader(dataset, batch_size=micro, sampler=sampler)
+        for window_index, window in enumerate(windows_of(loader, k)):
+            if step == arguments.steps or window_index == arguments.steps_per_epoch:
                 break
             if arguments.fail_on_rank == ctx.rank:
                 raise RuntimeError(f"deliberate failure on rank {ctx.rank} at step {step}")
             if arguments.hang_on_rank == ctx.rank:
                 time.sleep(3600)
-            window = [next(loader) for _ in range(k)]
-            # the window's item count over every rank: the denominator of the global mean
-            items = torch.tensor([float(sum(len(y) for _, y in window))], dtype=torch.float64)
-            if ctx.world_size > 1:
-                dist.all_reduce(items)
-            scale = ctx.world_size / items.item()
-            optimizer.zero_grad(set_to_none=True)
+            window = [[t.to(ctx.device) for t in micro_batch] for micro_batch in window]
             start = time.perf_counter()
-            for j, (x, y) in enumerate(window):
-                micro_batch = (x.to(ctx.device), y.to(ctx.device))
-                sync_now = arguments.sync == "every" or j == k - 1
-                if ctx.world_size > 1 and arguments.trap == "sync-after-forward":
-                    summed, _ = sample_classification_loss(model, micro_batch)
-                    model.require_backward_grad_sync = sync_now  # too late: forward decided
-                    (summed * scale).backward()
-                    continue
-                skip = ctx.world_size > 1 and not sync_now
-                with model.no_sync() if skip else contextlib.nullcontext():
-                    summed, _ = sample_classification_loss(model, micro_batch)
-                    (summed * scale).backward()
-            optimizer.step()
+            trainer.step_window(window)
             seconds = time.perf_counter() - start
             comm = counter.take()
-            per_step.append({"bytes": comm["bytes"], "syncs": comm["syncs"],
-                             "calls": comm["calls"], "seconds": seconds,
-                             "comm_seconds": comm["seconds"],
-                             "cross_rank_difference": cross_rank_difference(base, ctx)})
             # the single-process ground truth: one full-batch step on the same global window
             rows = slice(window_index * k * micro, (window_index + 1) * k * micro)
             indices = [i for order in global_orders for i in order[rows]]
-            batch = (inputs[indices].to(ctx.device), labels[indices].to(ctx.device))
-            gradients = full_batch_gradients(reference, sample_classification_loss, batch)
+            batch = tuple(t.to(ctx.device) for t in dataset[indices])
+            gradients = full_batch_gradients(reference, loss_fn, batch)
             for name, parameter in reference.named_parameters():
                 parameter.grad = gradients[name]
             reference_optimizer.step()
-            per_step[-1]["difference_to_single_process"] = (
-                _parameter_vector(base) - _parameter_vector(reference)).abs().max().item()
+            per_step.append({
+                "bytes": comm["bytes"], "syncs": comm["syncs"], "calls": comm["calls"],
+                "seconds": seconds, "comm_seconds": comm["seconds"],
+                "items": trainer.history.records[-1].items,
+                "cross_rank_difference": cross_rank_difference(model, ctx),
+                "difference_to_single_process": (
+                    _parameter_vector(model) - _parameter_vector(reference)).abs().max().item(),
+            })
             step += 1
+        epoch += 1
 
-    difference_to_single = (_parameter_vector(base) - _parameter_vector(reference)).abs().max()
+    final = _parameter_vector(model)
     results = {
-        "world_size": ctx.world_size,
-        "backend": ctx.backend,
-        "accumulation_steps": k,
-        "micro_batch_size": micro,
-        "effective_batch_size": effective,
-        "sync": arguments.sync,
-        "trap": arguments.trap,
-        "optimizer": arguments.optimizer,
-        "dtype": arguments.dtype,
+        "world_size": ctx.world_size, "backend": ctx.backend, "wrap": arguments.wrap,
+        "task": arguments.task, "accumulation_steps": k, "micro_batch_size": micro,
+        "effective_batch_size": effective, "samples": samples, "sync": arguments.sync,
+        "trap": arguments.trap, "optimizer": arguments.optimizer, "dtype": arguments.dtype,
         "steps": step,
-        "parameter_bytes": sum(p.numel() * p.element_size() for p in base.parameters()),
+        "parameter_bytes": sum(p.numel() * p.element_size() for p in reference.parameters()),
         "per_step": per_step,
+        "history": trainer.history.as_dict(),
         "bytes_per_step": statistics.median(s["bytes"] for s in per_step),
         "syncs_per_step": statistics.median(s["syncs"] for s in per_step),
         "seconds_per_step": statistics.median(s["seconds"] for s in per_step),
         "comm_seconds_per_step": statistics.median(s["comm_seconds"] for s in per_step),
         "max_cross_rank_difference": max(s["cross_rank_difference"] for s in per_step),
-        "max_difference_to_single_process": difference_to_single.item(),
+        "max_difference_to_single_process": (final - _parameter_vector(reference)).abs().max()
+        .item(),
         "epoch_orders_repeat": len(epoch_orders) > 1 and all(
             order == epoch_orders[0] for order in epoch_orders[1:]),
     }
+    if arguments.dump_parameters:
+        results["final_parameters"] = final.double().tolist()
     if ctx.world_size > 1:
         dist.barrier()
-        del model  # release DDP's reducer (and its hook) before another run or the teardown
+        del model, trainer, box  # release DDP's reducer (and its hook) before the teardown
         gc.collect()
     return results
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .accumulation import check_positive_int
+from .runtime import check_positive_int
 
 __all__ = [
     "CommCounter",

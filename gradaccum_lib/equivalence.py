@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .accumulation import Batch, LossFn, check_loss_output, concatenate_micro_batches
+from .batches import Batch, LossFn, check_loss_output, concatenate_micro_batches
+from .losses import info_nce_from_embeddings
 
 Gradients = dict[str, Tensor]
 
@@ -29,6 +30,7 @@ __all__ = [
     "collected_gradients",
     "flatten_gradients",
     "full_batch_gradients",
+    "info_nce_cached_gradients",
     "max_gradient_difference",
     "model_restored",
     "parameters_after_step",
@@ -275,3 +277,40 @@ def audit_update(
         cosine=torch.nn.functional.cosine_similarity(update, true_update, dim=0).item(),
         relative_difference=(update - true_update).norm().item() / true_norm,
     )
+
+
+def info_nce_cached_gradients(
+    model: nn.Module, micro_batches: Iterable[Sequence[Tensor]], *, temperature: float = 0.5
+) -> Gradients:
+    """Return the gradient of the FULL-batch InfoNCE loss while holding one micro-batch's
+    graph at a time (gradient caching, Gao et al. 2021, arXiv:2101.06983).
+
+    1. embed every micro-batch without a graph; 2. compute the loss over all embeddings and
+    its gradient with respect to the embeddings; 3. re-embed each micro-batch with a graph and
+    backpropagate those cached embedding gradients. Exact for deterministic encoders (with
+    dropout, step 3 must replay step 1's random state).
+    """
+    micro_batches = list(micro_batches)
+    if not micro_batches:
+        raise ValueError("micro_batches is empty; it needs at least one micro-batch")
+    with model_restored(model):
+        with torch.no_grad():
+            anchors = torch.cat([model(a) for a, _ in micro_batches])
+            positives = torch.cat([model(p) for _, p in micro_batches])
+        anchors.requires_grad_(True)
+        positives.requires_grad_(True)
+        summed_loss, num_items = info_nce_from_embeddings(
+            anchors, positives, temperature=temperature
+        )
+        anchor_grads, positive_grads = torch.autograd.grad(
+            summed_loss / num_items, (anchors, positives)
+        )
+        start = 0
+        for micro_anchors, micro_positives in micro_batches:
+            rows = slice(start, start + micro_anchors.shape[0])
+            surrogate = (model(micro_anchors) * anchor_grads[rows]).sum() + (
+                model(micro_positives) * positive_grads[rows]
+            ).sum()
+            surrogate.backward()
+            start = rows.stop
+        return collected_gradients(model, 1.0)

@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from .accumulation import AccumulationTrainer, concatenate_micro_batches
+from .accumulation import AccumulationTrainer
+from .batches import concatenate_micro_batches
 from .equivalence import OptimizerFactory
 from .losses import bert_classification_loss
 

@@ -21,31 +21,23 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from .accumulation import Batch, LossFn, check_loss_output, check_positive_int
-from .bench import StepTimeModel
+from .batches import Batch, LossFn, check_loss_output
 from .equivalence import model_restored
+from .runtime import check_positive_int
 
 __all__ = [
-    "OPTIMIZER_STATES",
-    "AccumulationPlan",
-    "ClusterPlan",
-    "TransformerActivations",
-    "TransformerShape",
-    "accumulation_steps_for",
-    "fit_transformer_activations",
-    "max_micro_batch_size",
-    "PRECISIONS",
-    "MemoryBreakdown",
     "activation_bytes",
     "cuda_peak_bytes",
     "memory_budget",
-    "plan_accumulation",
-    "plan_cluster",
+    "MemoryBreakdown",
+    "OPTIMIZER_STATES",
+    "PRECISIONS",
     "static_bytes",
     "tensor_bytes",
 ]
 
 Optimizer = Literal["sgd", "sgd_momentum", "adam", "adamw"]
+
 Precision = Literal["fp32", "autocast", "mixed"]
 
 #: fp32 state tensors the optimizer keeps per parameter
@@ -83,15 +75,12 @@ class MemoryBreakdown:
         """Return the parts as a plain dict (plus ``total``)."""
         return {**asdict(self), "total": self.total}
 
-
 def tensor_bytes(tensors: Iterable[Tensor]) -> int:
     """Return the summed ``numel * element_size`` of ``tensors``."""
     return sum(t.numel() * t.element_size() for t in tensors)
 
-
 def _storage_key(tensor: Tensor) -> int:
     return tensor.untyped_storage().data_ptr()
-
 
 def _byte_extent(tensor: Tensor) -> tuple[int, int]:
     """[start, end) bytes of its storage that ``tensor`` (possibly a view) can reach."""
@@ -101,7 +90,6 @@ def _byte_extent(tensor: Tensor) -> tuple[int, int]:
         return start, start
     last = sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride(), strict=True))
     return start, start + (last + 1) * size
-
 
 def activation_bytes(model: nn.Module, loss_fn: LossFn, batch: Batch,
                      *, autocast_dtype: torch.dtype | None = None) -> int:
@@ -133,7 +121,6 @@ def activation_bytes(model: nn.Module, loss_fn: LossFn, batch: Batch,
         del summed_loss
     return sum(end - start for start, end in extents.values())
 
-
 def static_bytes(
     model: nn.Module, optimizer: torch.optim.Optimizer | None = None
 ) -> dict[str, int]:
@@ -151,7 +138,6 @@ def static_bytes(
         "gradients": tensor_bytes(p.grad for p in parameters if p.grad is not None),
         "optimizer_state": tensor_bytes(state),
     }
-
 
 def memory_budget(
     num_parameters: int,
@@ -188,7 +174,6 @@ def memory_budget(
         activations=round(activation_bytes_fixed + activation_bytes_per_sample * micro_batch_size),
     )
 
-
 def cuda_peak_bytes(step: Callable[[], object], device: torch.device | str = "cuda") -> int | None:
     """Return the CUDA allocator's peak bytes while ``step()`` runs (None without CUDA)."""
     if not torch.cuda.is_available() or torch.device(device).type != "cuda":
@@ -198,188 +183,3 @@ def cuda_peak_bytes(step: Callable[[], object], device: torch.device | str = "cu
     step()
     torch.cuda.synchronize(device)
     return torch.cuda.max_memory_allocated(device)
-
-
-@dataclass(frozen=True)
-class AccumulationPlan:
-    """One choice of micro-batch size and accumulation steps: its memory and time."""
-
-    micro_batch_size: int
-    accumulation_steps: int
-    memory: MemoryBreakdown
-    window_seconds: float
-
-    @property
-    def effective_batch_size(self) -> int:
-        """Return the samples per optimizer step: micro-batch size x accumulation steps."""
-        return self.micro_batch_size * self.accumulation_steps
-
-    @property
-    def seconds_per_sample(self) -> float:
-        """Return the modelled seconds per training sample."""
-        return self.window_seconds / self.effective_batch_size
-
-
-def plan_accumulation(
-    *,
-    num_parameters: int,
-    activation_bytes_per_sample: float,
-    step_time: StepTimeModel,
-    micro_batch_size: int,
-    accumulation_steps: int,
-    optimizer: Optimizer = "adamw",
-    precision: Precision = "fp32",
-) -> AccumulationPlan:
-    """Return the memory budget and the modelled window time of one (micro-batch, k) choice."""
-    memory = memory_budget(
-        num_parameters,
-        optimizer=optimizer,
-        precision=precision,
-        activation_bytes_per_sample=activation_bytes_per_sample,
-        micro_batch_size=micro_batch_size,
-    )
-    seconds = step_time.window_seconds(micro_batch_size, accumulation_steps)
-    return AccumulationPlan(micro_batch_size, accumulation_steps, memory, seconds)
-
-
-@dataclass(frozen=True)
-class TransformerActivations:
-    """Activation bytes of a transformer encoder as a function of the sequence length s and
-    the layer count L. Per sample: ``s * outside_per_token + L * (s * per_layer_per_token +
-    s**2 * per_layer_per_token_squared)`` (the s**2 term is attention scores). Fixed, whatever
-    the batch: ``outside_fixed + L * per_layer_fixed`` (e.g. autocast's 16-bit weight copies).
-    """
-
-    outside_fixed: float
-    outside_per_token: float
-    per_layer_fixed: float
-    per_layer_per_token: float
-    per_layer_per_token_squared: float
-
-    def bytes_per_sample(self, sequence_length: int, num_layers: int) -> float:
-        """Return the modelled activation bytes that grow with each sample."""
-        s = float(sequence_length)
-        per_layer = s * self.per_layer_per_token + s * s * self.per_layer_per_token_squared
-        return s * self.outside_per_token + num_layers * per_layer
-
-    def fixed_bytes(self, num_layers: int) -> float:
-        """Return the modelled activation bytes that do not depend on the batch."""
-        return self.outside_fixed + num_layers * self.per_layer_fixed
-
-    def bytes_for(self, micro_batch_size: int, sequence_length: int, num_layers: int) -> float:
-        """Return the modelled activation bytes of a micro-batch."""
-        return (self.fixed_bytes(num_layers)
-                + micro_batch_size * self.bytes_per_sample(sequence_length, num_layers))
-
-
-def fit_transformer_activations(
-    measure: Callable[[int, int], int], lengths: tuple[int, int, int] = (32, 64, 128)
-) -> TransformerActivations:
-    """Return :class:`TransformerActivations` fitted to ``measure(num_layers, length)`` (the
-    measured activation bytes of ONE sample) at 1 and 2 layers and three lengths: the
-    difference between 2 and 1 layers is one layer, solved exactly for its constant, s and
-    s**2 terms; the rest (embeddings, head) is fitted as constant + s.
-    """
-    if len(lengths) != 3 or not 0 < lengths[0] < lengths[1] < lengths[2]:
-        raise ValueError(f"lengths must be three increasing positive ints; got {lengths}")
-    measured = {(layers, s): float(measure(layers, s)) for layers in (1, 2) for s in lengths}
-    powers = torch.tensor([[1.0, s, s * s] for s in lengths], dtype=torch.float64)
-    layer = torch.tensor([measured[2, s] - measured[1, s] for s in lengths], dtype=torch.float64)
-    fixed, per_token, per_token_squared = torch.linalg.solve(powers, layer).tolist()
-    outside = torch.tensor([measured[1, s] for s in lengths], dtype=torch.float64) - layer
-    outside_fit = torch.linalg.lstsq(powers[:, :2], outside[:, None]).solution[:, 0].tolist()
-    return TransformerActivations(outside_fit[0], outside_fit[1], fixed, per_token,
-                                  per_token_squared)
-
-
-def max_micro_batch_size(
-    device_bytes: float,
-    num_parameters: int,
-    activation_bytes_per_sample: float,
-    *,
-    optimizer: Optimizer = "adamw",
-    precision: Precision = "fp32",
-    reserved_bytes: float = 0.0,
-    activation_bytes_fixed: float = 0.0,
-) -> int:
-    """Return the largest micro-batch whose :func:`memory_budget` fits in ``device_bytes``
-    minus ``reserved_bytes`` (runtime context, workspace, fragmentation); 0 if even the
-    parameters, gradients, optimizer state and fixed activations do not fit.
-    """
-    if activation_bytes_per_sample <= 0:
-        raise ValueError(
-            f"activation_bytes_per_sample must be > 0; got {activation_bytes_per_sample}"
-        )
-    static = memory_budget(num_parameters, optimizer=optimizer, precision=precision,
-                           activation_bytes_fixed=activation_bytes_fixed).total
-    free = device_bytes - reserved_bytes - static
-    return max(0, int(free // activation_bytes_per_sample))
-
-
-def accumulation_steps_for(effective_batch_size: int, micro_batch_size: int,
-                           world_size: int = 1) -> int:
-    """Return the smallest k with micro_batch_size * k * world_size >= effective_batch_size."""
-    for label, value in (("effective_batch_size", effective_batch_size),
-                         ("micro_batch_size", micro_batch_size), ("world_size", world_size)):
-        check_positive_int(label, value)
-    return -(-effective_batch_size // (micro_batch_size * world_size))
-
-
-@dataclass(frozen=True)
-class TransformerShape:
-    """A transformer encoder family at fixed width: parameters outside the layers and per
-    layer, and its measured activation model."""
-
-    params_outside: int
-    params_per_layer: int
-    activations: TransformerActivations
-
-    def num_parameters(self, num_layers: int) -> int:
-        """Return the parameter count at ``num_layers`` layers."""
-        return self.params_outside + num_layers * self.params_per_layer
-
-
-@dataclass(frozen=True)
-class ClusterPlan:
-    """Per-device memory and the effective batch of a data-parallel accumulation setup."""
-
-    memory: MemoryBreakdown
-    device_bytes: float
-    reserved_bytes: float
-    effective_batch_size: int
-
-    @property
-    def fits(self) -> bool:
-        """Return True when the step fits in one device (after the reserve)."""
-        return self.memory.total + self.reserved_bytes <= self.device_bytes
-
-
-def plan_cluster(
-    shape: TransformerShape,
-    *,
-    num_layers: int,
-    sequence_length: int,
-    micro_batch_size: int,
-    accumulation_steps: int,
-    world_size: int,
-    device_bytes: float,
-    reserved_bytes: float = 0.0,
-    precision: Precision = "fp32",
-    optimizer: Optimizer = "adamw",
-) -> ClusterPlan:
-    """Return the per-device memory budget (every device holds a full replica: plain data
-    parallelism) and the effective batch micro x k x devices. ``shape``'s activations must
-    have been measured in the precision planned for.
-    """
-    for label, value in (("num_layers", num_layers), ("sequence_length", sequence_length),
-                         ("accumulation_steps", accumulation_steps), ("world_size", world_size)):
-        check_positive_int(label, value)
-    memory = memory_budget(
-        shape.num_parameters(num_layers), optimizer=optimizer, precision=precision,
-        micro_batch_size=micro_batch_size,
-        activation_bytes_per_sample=shape.activations.bytes_per_sample(sequence_length,
-                                                                       num_layers),
-        activation_bytes_fixed=shape.activations.fixed_bytes(num_layers),
-    )
-    return ClusterPlan(memory, device_bytes, reserved_bytes,
-                       micro_batch_size * accumulation_steps * world_size)

@@ -1,15 +1,30 @@
-"""Evaluation: predictions in micro-batches, accuracy and per-class F1."""
+"""Evaluation: the item-weighted mean loss, predictions in micro-batches, accuracy and
+per-class F1."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 from torch import Tensor, nn
 
-from .accumulation import split_into_micro_batches
+from .batches import Batch, LossFn, check_loss_output, split_into_micro_batches
 
-__all__ = ["classification_scores", "predict_classes"]
+__all__ = ["classification_scores", "evaluate_mean_loss", "predict_classes"]
+
+
+def evaluate_mean_loss(model: nn.Module, loss_fn: LossFn, batches: Iterable[Batch]) -> float:
+    """Return the item-weighted mean loss over ``batches`` (no gradients, mode unchanged)."""
+    total_loss = 0.0
+    total_items = 0.0
+    with torch.no_grad():
+        for index, batch in enumerate(batches):
+            summed_loss, num_items = check_loss_output(loss_fn(model, batch), index)
+            total_loss += summed_loss.double().item()
+            total_items += num_items
+    if total_items <= 0:
+        raise ValueError("batches cover no items; there is no mean loss")
+    return total_loss / total_items
 
 
 def predict_classes(model: nn.Module, batch: Mapping[str, Tensor], *,

@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor, nn
 
-from .accumulation import check_positive_int
-from .memory import TransformerShape
+from .runtime import check_positive_int
 
 if TYPE_CHECKING:  # transformers is imported only where a model is built
     from transformers import BertForMaskedLM, BertForSequenceClassification, GPT2LMHeadModel
@@ -20,7 +19,6 @@ __all__ = [
     "make_mlp",
     "make_tiny_bert",
     "make_tiny_causal_lm",
-    "measure_bert_shape",
 ]
 
 Normalization = Literal["none", "batch", "layer"]
@@ -165,46 +163,3 @@ def count_bert_parameters(config: dict[str, int], num_labels: int = 2) -> int:
     with torch.device("meta"):
         model = BertForSequenceClassification(BertConfig(**config, num_labels=num_labels))
     return sum(p.numel() for p in model.parameters())
-
-
-def measure_bert_shape(
-    config: dict[str, int],
-    *,
-    num_labels: int = 2,
-    lengths: tuple[int, int, int] = (32, 64, 128),
-    autocast_dtype: torch.dtype | None = None,
-    model_dtype: torch.dtype = torch.float32,
-) -> TransformerShape:
-    """Return a :class:`TransformerShape` for a BERT family: parameter counts per layer and
-    outside the layers (meta device), and an activation model fitted to activation bytes
-    MEASURED on this machine for one sample at 1 and 2 layers and three lengths, with
-    ``autocast_dtype`` (torch.autocast) or the model cast to ``model_dtype``.
-    """
-    from transformers import BertConfig, BertForSequenceClassification
-
-    from .losses import bert_classification_loss
-    from .memory import activation_bytes, fit_transformer_activations
-
-    one = count_bert_parameters({**config, "num_hidden_layers": 1}, num_labels)
-    two = count_bert_parameters({**config, "num_hidden_layers": 2}, num_labels)
-
-    built: dict[int, nn.Module] = {}
-
-    def measure(num_layers: int, length: int) -> int:
-        if num_layers not in built:  # weights do not matter for the bytes; build each once
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(0)
-                bert_config = BertConfig(**{**config, "num_hidden_layers": num_layers},
-                                         num_labels=num_labels)
-                built[num_layers] = BertForSequenceClassification(bert_config).to(model_dtype)
-        generator = torch.Generator().manual_seed(0)
-        sample = {
-            "input_ids": torch.randint(5, config["vocab_size"], (1, length), generator=generator),
-            "attention_mask": torch.ones(1, length, dtype=torch.long),
-            "labels": torch.zeros(1, dtype=torch.long),
-        }
-        return activation_bytes(built[num_layers], bert_classification_loss, sample,
-                                autocast_dtype=autocast_dtype)
-
-    return TransformerShape(one - (two - one), two - one,
-                            fit_transformer_activations(measure, lengths))

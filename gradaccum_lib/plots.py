@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 
 from matplotlib.figure import Figure
 
-from .bench import DdpStepModel
-from .memory import AccumulationPlan, ClusterPlan, MemoryBreakdown
+from .memory import MemoryBreakdown
+from .planning import AccumulationPlan, ClusterPlan, DdpStepModel
 
 __all__ = [
     "plot_accumulation_plan",

@@ -12,8 +12,10 @@ import torch
 __all__ = [
     "PROFILES",
     "Profile",
+    "check_positive_int",
     "choose_device",
     "get_profile",
+    "is_int",
     "make_generator",
     "make_deterministic",
     "set_seed",
@@ -109,3 +111,16 @@ def make_deterministic(threads: int | None = 1) -> None:
             raise ValueError(f"threads must be a positive int or None; got {threads!r}")
         torch.set_num_threads(threads)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def is_int(value: object) -> bool:
+    """Return True for an int that is not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_positive_int(label: str, value: object) -> int:
+    """Return ``value`` if it is an int >= 1 (bools refused), else raise a ValueError that
+    names ``label`` and the value."""
+    if not is_int(value) or value < 1:
+        raise ValueError(f"{label} must be a positive int; got {value!r}")
+    return value

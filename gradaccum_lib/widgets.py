@@ -12,11 +12,11 @@ import io
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
-from .bench import DdpStepModel, StepTimeModel
-from .memory import (
+from .memory import Optimizer, Precision
+from .planning import (
     ClusterPlan,
-    Optimizer,
-    Precision,
+    DdpStepModel,
+    StepTimeModel,
     TransformerShape,
     plan_accumulation,
     plan_cluster,

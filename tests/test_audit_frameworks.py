@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gradaccum_lib import split_into_micro_batches
-from gradaccum_lib.accumulation import concatenate_micro_batches
+from gradaccum_lib.batches import concatenate_micro_batches
 from gradaccum_lib.data import encode_records, load_emr_split, load_tokenizer
 from gradaccum_lib.equivalence import AuditResult, audit_update
 from gradaccum_lib.frameworks import (

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 
 import pytest
 
@@ -90,3 +92,62 @@ def test_program_rejects_bad_command_lines(capsys):
     assert "--accumulation-steps must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         ddp.parse_arguments([*BASE, "--json", "x", "--sync", "sometimes"])
+
+
+# The engine under DDP and FSDP2: one global window of 8 sequences (micro-batch 2) run as
+# k = 4 x 1 process, k = 2 x 2 processes, k = 1 x 4 processes and FSDP2 k = 2 x 2; a token
+# loss over sequences of 1..24 real tokens (uneven counts across micro-batches AND ranks),
+# 28 samples (3 full windows + a partial one of 4 sequences), 2 epochs, AdamW, float64.
+THREE_WAY = ["--task", "tokens", "--micro-batch-size", "2", "--samples", "28", "--steps", "8",
+             "--steps-per-epoch", "4", "--optimizer", "adamw", "--lr", "0.01",
+             "--dump-parameters"]
+
+
+@pytest.fixture(scope="module")
+def three_way_runs():
+    runs = {}
+    for steps, processes, wrap in ((4, 1, "ddp"), (2, 2, "ddp"), (1, 4, "ddp"), (2, 2, "fsdp2")):
+        runs[steps, processes, wrap] = launch(
+            "gradaccum_lib.ddp", ["--accumulation-steps", str(steps), "--wrap", wrap,
+                                  *THREE_WAY], nproc_per_node=processes, timeout_seconds=300)
+    return runs
+
+
+def test_engine_gives_the_same_parameters_for_any_split_of_the_global_window(three_way_runs):
+    reference = three_way_runs[4, 1, "ddp"]
+    assert reference["history"]["items"][3] < reference["history"]["items"][0]  # partial window
+    for key, run in three_way_runs.items():
+        assert run["steps"] == 8, key
+        assert run["world_size"] == key[1] and run["wrap"] == key[2]
+        # the GLOBAL window's items and loss, identical on every rank and in every split
+        assert run["history"]["items"] == reference["history"]["items"], key
+        assert run["max_cross_rank_difference"] == 0.0, key
+        assert run["max_difference_to_single_process"] <= 1e-12, key
+        difference = max(abs(a - b) for a, b in zip(run["final_parameters"],
+                                                     reference["final_parameters"], strict=True))
+        assert difference <= 1e-12, (key, difference)
+
+
+def test_engine_refuses_a_plain_model_under_a_process_group(tmp_path):
+    # the engine on an UNWRAPPED model with 2 ranks would never sync: refused, not drifting
+    script = tmp_path / "plain.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        "from gradaccum_lib.accumulation import AccumulationTrainer\n"
+        "from gradaccum_lib.losses import sample_classification_loss\n"
+        "dist.init_process_group('gloo')\n"
+        "model = torch.nn.Linear(2, 2)\n"
+        "try:\n"
+        "    AccumulationTrainer(model, sample_classification_loss,\n"
+        "                        torch.optim.SGD(model.parameters(), lr=0.1),\n"
+        "                        accumulation_steps=2)\n"
+        "except ValueError as error:\n"
+        "    print('REFUSED', error)\n"
+        "dist.destroy_process_group()\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(script)], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("REFUSED") == 2
+    assert "wrap it in DistributedDataParallel" in result.stdout

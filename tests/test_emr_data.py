@@ -5,17 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradaccum_lib.data import (
+from gradaccum_lib.data import encode_records, load_emr_split, load_tokenizer, mask_tokens
+from gradaccum_lib.emr_corpus import (
     DATA_DIR,
     DIAGNOSES,
     LABELS,
     build_vocabulary,
     corpus_statistics,
-    encode_records,
     generate_emr_corpus,
-    load_emr_split,
-    load_tokenizer,
-    mask_tokens,
     write_emr_corpus,
 )
 from gradaccum_lib.losses import bert_classification_loss, bert_masked_lm_loss

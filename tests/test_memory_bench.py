@@ -7,18 +7,17 @@ import torch
 from torch import nn
 
 from gradaccum_lib import split_into_micro_batches
-from gradaccum_lib.bench import StepTimeModel, Timing, fit_step_time, time_interleaved
+from gradaccum_lib.bench import Timing, time_interleaved
 from gradaccum_lib.data import make_toy_classification
 from gradaccum_lib.losses import sample_classification_loss
-from gradaccum_lib.memory import (
-    AccumulationPlan,
-    activation_bytes,
-    cuda_peak_bytes,
-    memory_budget,
-    plan_accumulation,
-    static_bytes,
-)
+from gradaccum_lib.memory import activation_bytes, cuda_peak_bytes, memory_budget, static_bytes
 from gradaccum_lib.models import make_mlp
+from gradaccum_lib.planning import (
+    AccumulationPlan,
+    StepTimeModel,
+    fit_step_time,
+    plan_accumulation,
+)
 
 
 def test_activation_bytes_of_a_known_layer_stack_is_exact():

@@ -5,21 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradaccum_lib.memory import (
+from gradaccum_lib.memory import memory_budget
+from gradaccum_lib.metrics import classification_scores, predict_classes
+from gradaccum_lib.models import ROBERTA_WWM_EXT_LARGE, count_bert_parameters, make_tiny_bert
+from gradaccum_lib.planning import (
     TransformerActivations,
     TransformerShape,
     accumulation_steps_for,
     fit_transformer_activations,
     max_micro_batch_size,
-    memory_budget,
-    plan_cluster,
-)
-from gradaccum_lib.metrics import classification_scores, predict_classes
-from gradaccum_lib.models import (
-    ROBERTA_WWM_EXT_LARGE,
-    count_bert_parameters,
-    make_tiny_bert,
     measure_bert_shape,
+    plan_cluster,
 )
 from gradaccum_lib.plots import plot_cluster_plan
 from gradaccum_lib.widgets import cluster_explorer, describe_cluster_plan

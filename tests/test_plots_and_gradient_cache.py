@@ -7,7 +7,8 @@ import torch
 from matplotlib.figure import Figure
 
 from gradaccum_lib import full_batch_gradients, max_gradient_difference, split_into_micro_batches
-from gradaccum_lib.losses import info_nce_cached_gradients, info_nce_loss
+from gradaccum_lib.equivalence import info_nce_cached_gradients
+from gradaccum_lib.losses import info_nce_loss
 from gradaccum_lib.models import make_mlp
 from gradaccum_lib.plots import plot_errors
 from gradaccum_lib.runtime import make_generator

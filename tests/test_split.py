@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gradaccum_lib import split_into_micro_batches
-from gradaccum_lib.accumulation import batch_size
+from gradaccum_lib.batches import batch_size
 
 
 def test_accumulation_steps_gives_exactly_k_micro_batches_differing_by_at_most_one():
@@ -94,7 +94,7 @@ def test_bad_batches_are_rejected_with_their_reason(batch, error, message):
 
 
 def test_check_positive_int_accepts_ints_and_names_bad_values():
-    from gradaccum_lib.accumulation import check_positive_int
+    from gradaccum_lib.runtime import check_positive_int
 
     assert check_positive_int("k", 3) == 3
     for bad in (0, -2, 2.0, True, "3", None):

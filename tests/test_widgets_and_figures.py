@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from matplotlib.figure import Figure
 
-from gradaccum_lib.bench import StepTimeModel
-from gradaccum_lib.memory import memory_budget, plan_accumulation
+from gradaccum_lib.memory import memory_budget
+from gradaccum_lib.planning import StepTimeModel, plan_accumulation
 from gradaccum_lib.plots import plot_accumulation_plan, plot_curves, plot_memory_breakdown
 from gradaccum_lib.widgets import accumulation_explorer, describe_plan, figure_png
 

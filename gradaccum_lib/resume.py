@@ -1,0 +1,272 @@
+"""The engine's checkpoint half: what a checkpoint holds, how it is checked before anything is
+restored, and how a resumed epoch replays exactly the samples of the interrupted one.
+
+A resumed epoch must see the same micro-batches in the same order. A ``DataLoader`` with
+``shuffle=True`` draws its permutation from torch's global generator (or from its own
+``generator=``) when its first batch is fetched, so the engine records those generators'
+states at the start of every epoch, stores them in the checkpoint, and on resume fetches the
+first batch under the recorded states before restoring the mid-epoch ones (for dropout). A
+``DistributedSampler`` is replayed by its epoch, which is checked. Whatever the loader, the
+last window trained before the checkpoint is fingerprinted (SHA-256 of its tensors), and a
+resume whose replayed window differs is refused: never a silent step on the wrong samples.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .batches import Batch, _tensors_of
+from .checkpoints import CheckpointError, read_checkpoint, write_checkpoint
+from .history import TrainingHistory
+
+__all__ = ["ResumeState", "window_fingerprint"]
+
+FORMAT = 2
+_END = object()
+
+
+def window_fingerprint(window: Sequence[Batch]) -> str:
+    """Return the SHA-256 of every tensor (dtype, shape, bytes) of a window's micro-batches."""
+    digest = hashlib.sha256()
+    for micro_batch in window:
+        for label, tensor in _tensors_of(micro_batch):
+            flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+            digest.update(f"{label}:{flat.dtype}:{tuple(tensor.shape)};".encode())
+            digest.update(flat.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _order_generators(micro_batches: object) -> list[torch.Generator | None]:
+    """The generators a loader draws its order from (None: torch's global generator)."""
+    found: list[torch.Generator | None] = [None]
+    for owner in (micro_batches, getattr(micro_batches, "sampler", None)):
+        generator = getattr(owner, "generator", None)
+        if isinstance(generator, torch.Generator) and all(generator is not g for g in found):
+            found.append(generator)
+    return found
+
+
+def _get_state(generator: torch.Generator | None) -> torch.Tensor:
+    return torch.get_rng_state() if generator is None else generator.get_state()
+
+
+def _set_state(generator: torch.Generator | None, state: torch.Tensor) -> None:
+    if generator is None:
+        torch.set_rng_state(state)
+    else:
+        generator.set_state(state)
+
+
+class ResumeState:
+    """Checkpointing and exact resume, the engine's second half (``AccumulationTrainer``)."""
+
+    def _init_resume_state(self) -> None:
+        self._epoch_order_states: list[torch.Tensor] | None = None
+        self._sampler_epoch: int | None = None
+        self._last_window: Sequence[Batch] | None = None
+        self._replay_fingerprint: str | None = None
+
+    def _replayed(self, micro_batches: Iterable[Batch]) -> Iterator[Batch]:
+        """Iterate ``micro_batches``, drawing a shuffled order from the epoch's recorded
+        generator states when resuming mid-epoch."""
+        generators = _order_generators(micro_batches)
+        sampler = getattr(micro_batches, "sampler", None)
+        resuming = self.windows_done > 0
+        if resuming and self._epoch_order_states is not None:
+            if len(self._epoch_order_states) != len(generators):
+                raise ValueError(
+                    "cannot replay the epoch: the checkpoint recorded "
+                    f"{len(self._epoch_order_states)} order generator(s) but this loader draws "
+                    f"from {len(generators)}; pass the same kind of loader as before")
+            mid_epoch = [_get_state(g) for g in generators]
+            for generator, state in zip(generators, self._epoch_order_states, strict=True):
+                _set_state(generator, state)
+        elif not resuming:
+            self._epoch_order_states = [_get_state(g) for g in generators]
+        if hasattr(sampler, "set_epoch") and isinstance(getattr(sampler, "epoch", None), int):
+            saved_epoch = self._sampler_epoch
+            if resuming and saved_epoch is not None and sampler.epoch != saved_epoch:
+                raise ValueError(
+                    f"the loader's sampler is at epoch {sampler.epoch} but the checkpoint was "
+                    f"taken in its epoch {self._sampler_epoch}; call "
+                    f"sampler.set_epoch({self._sampler_epoch}) before resuming")
+            self._sampler_epoch = sampler.epoch
+        iterator = iter(micro_batches)
+        first = next(iterator, _END)  # a shuffling loader draws its order here
+        if resuming and self._epoch_order_states is not None:
+            for generator, state in zip(generators, mid_epoch, strict=True):
+                _set_state(generator, state)
+        return iter(()) if first is _END else itertools.chain([first], iterator)
+
+    def _check_replay(self, index: int, window: Sequence[Batch]) -> None:
+        if index == self.windows_done - 1 and self._replay_fingerprint is not None:
+            if window_fingerprint(window) != self._replay_fingerprint:
+                raise ValueError(
+                    f"the micro-batches given after the resume do not replay the interrupted "
+                    f"run: window {index} differs from the one trained before the checkpoint. "
+                    "Pass the same data in the same order (a DistributedSampler needs the same "
+                    "set_epoch; a custom shuffle needs its generator's state restored)")
+            self._replay_fingerprint = None
+
+    def _remember_window(self, window: Sequence[Batch]) -> None:
+        self._last_window = window
+
+    # ------------------------------------------------------------------------ state dicts
+
+    def _module(self) -> torch.nn.Module:
+        return self.model.module if self.sync_kind == "ddp" else self.model
+
+    def _model_and_optimizer_state(self) -> tuple[dict, dict]:
+        if self.sync_kind == "fsdp2":  # gather the shards into full tensors (collective)
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                get_model_state_dict,
+                get_optimizer_state_dict,
+            )
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            return (get_model_state_dict(self.model, options=options),
+                    get_optimizer_state_dict(self.model, self.optimizer, options=options))
+        return self._module().state_dict(), self.optimizer.state_dict()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return everything needed to resume at this window boundary (plain data and
+        tensors); collective across ranks (every rank must call it)."""
+        own = {"cpu_rng_state": torch.get_rng_state(),
+               "epoch_order_states": self._epoch_order_states,
+               "sampler_epoch": self._sampler_epoch,
+               "window_fingerprint": (window_fingerprint(self._last_window)
+                                      if self._last_window is not None and self.windows_done
+                                      else None)}
+        if torch.cuda.is_available():
+            own["cuda_rng_state"] = torch.cuda.get_rng_state()
+        ranks = [own]
+        if self.world_size > 1:
+            ranks = [None] * self.world_size
+            dist.all_gather_object(ranks, own)
+        model_state, optimizer_state = self._model_and_optimizer_state()
+        return {
+            "format": FORMAT, "model": model_state, "optimizer": optimizer_state,
+            "optimizer_kind": type(self.optimizer).__name__,
+            "scheduler_kind": type(self.scheduler).__name__ if self.scheduler else None,
+            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "accumulation_steps": self.accumulation_steps, "world_size": self.world_size,
+            "epoch": self.epoch, "windows_done": self.windows_done,
+            "optimizer_steps": self.optimizer_steps, "history": self.history.as_dict(),
+            "ranks": ranks,
+        }
+
+    def _check_state(self, state: Mapping[str, Any]) -> None:
+        """Raise a ValueError naming every mismatch between ``state`` and this trainer."""
+        if state.get("format") != FORMAT:
+            raise ValueError(f"checkpoint format is {state.get('format')!r}; this version of "
+                             f"gradaccum reads format {FORMAT}")
+        problems = []
+        for key, mine in (("accumulation_steps", self.accumulation_steps),
+                          ("world_size", self.world_size),
+                          ("optimizer_kind", type(self.optimizer).__name__),
+                          ("scheduler_kind", type(self.scheduler).__name__
+                           if self.scheduler else None),
+                          ("scaler", "a GradScaler" if self.scaler else None)):
+            theirs = state.get(key)
+            if key == "scaler":
+                theirs = "a GradScaler" if theirs is not None else None
+            if theirs != mine:
+                problems.append(f"{key}: checkpoint {theirs!r}, trainer {mine!r}")
+        expected = {name: tuple(t.shape) for name, t in self._module().state_dict().items()}
+        saved = {name: tuple(t.shape) for name, t in state["model"].items()}
+        if saved != expected:
+            missing = sorted(set(expected) - set(saved))[:5]
+            unknown = sorted(set(saved) - set(expected))[:5]
+            reshaped = [n for n in expected if n in saved and saved[n] != expected[n]][:5]
+            problems.append(f"model: another architecture (missing {missing}, unknown "
+                            f"{unknown}, different shapes {reshaped})")
+        groups = state["optimizer"].get("param_groups", [])
+        if self.sync_kind != "fsdp2" and [len(g["params"]) for g in groups] != [
+                len(g["params"]) for g in self.optimizer.param_groups]:
+            problems.append("optimizer: its parameter groups hold other parameters")
+        if len(state.get("ranks", [])) != self.world_size:
+            problems.append(f"ranks: checkpoint has {len(state.get('ranks', []))} rank states")
+        if problems:
+            raise ValueError("checkpoint does not fit this trainer; nothing was restored: "
+                             + "; ".join(problems))
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned: everything, or (on any mismatch)
+        nothing."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a dict; got {type(state).__name__}")
+        required = ("model", "optimizer", "epoch", "windows_done", "optimizer_steps", "history")
+        missing = [key for key in required if key not in state]
+        if missing:
+            raise ValueError(f"checkpoint state is missing {missing}; nothing was restored")
+        self._check_state(state)
+        history = TrainingHistory.from_dict(state["history"])
+        backup = (copy.deepcopy(self._module().state_dict()),
+                  copy.deepcopy(self.optimizer.state_dict()))
+        try:
+            self._restore_model_and_optimizer(state["model"], state["optimizer"])
+            if self.scheduler is not None:
+                self.scheduler.load_state_dict(state["scheduler"])
+            if self.scaler is not None:
+                self.scaler.load_state_dict(state["scaler"])
+        except Exception as error:
+            self._restore_model_and_optimizer(*backup)
+            raise ValueError(f"checkpoint could not be restored ({error}); the trainer was "
+                             "rolled back to its state before the load") from error
+        own = state["ranks"][self.rank]
+        self.epoch = int(state["epoch"])
+        self.windows_done = int(state["windows_done"])
+        self.optimizer_steps = int(state["optimizer_steps"])
+        self.history = history
+        self._common_normaliser = None
+        torch.set_rng_state(own["cpu_rng_state"])
+        if "cuda_rng_state" in own and torch.cuda.is_available():
+            torch.cuda.set_rng_state(own["cuda_rng_state"])
+        self._epoch_order_states = own["epoch_order_states"]
+        self._sampler_epoch = own["sampler_epoch"]
+        self._replay_fingerprint = own["window_fingerprint"]
+        self._last_window = None
+
+    def _restore_model_and_optimizer(self, model_state: dict, optimizer_state: dict) -> None:
+        if self.sync_kind == "fsdp2":
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_model_state_dict,
+                set_optimizer_state_dict,
+            )
+            options = StateDictOptions(full_state_dict=True)
+            set_model_state_dict(self.model, model_state, options=options)
+            set_optimizer_state_dict(self.model, self.optimizer, optimizer_state,
+                                     options=options)
+            return
+        self._module().load_state_dict(model_state)
+        self.optimizer.load_state_dict(optimizer_state)
+
+    def save_checkpoint(self, path: str | os.PathLike) -> None:
+        """Write :meth:`state_dict` to ``path``: rank 0 writes (atomically, with a content
+        hash), every rank waits until it is on disk."""
+        state = self.state_dict()
+        if self.rank == 0:
+            write_checkpoint(state, path)
+        if self.world_size > 1:
+            dist.barrier()
+
+    def load_checkpoint(self, path: str | os.PathLike) -> None:
+        """Restore from a checkpoint file (verified, ``weights_only=True``) on every rank;
+        raise :class:`~gradaccum_lib.checkpoints.CheckpointError` naming ``path`` when it is
+        unreadable or does not fit this trainer."""
+        device = next(self.model.parameters()).device
+        state = read_checkpoint(path, map_location="cpu" if self.sync_kind == "fsdp2" else device)
+        try:
+            self.load_state_dict(state)
+        except (ValueError, KeyError, TypeError) as error:
+            raise CheckpointError(f"checkpoint {os.fspath(path)}: {error}") from error
