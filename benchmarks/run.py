@@ -32,6 +32,7 @@ from gradaccum_lib.data import (
     make_toy_classification,
 )
 from gradaccum_lib.distributed import launch
+from gradaccum_lib.frameworks import accelerate_loop, bare_loop
 from gradaccum_lib.losses import bert_classification_loss, sample_classification_loss
 from gradaccum_lib.memory import activation_bytes
 from gradaccum_lib.models import make_mlp, make_tiny_bert
@@ -73,34 +74,6 @@ def library_loop(model, optimizer, loss_fn, accumulation_steps):  # noqa: ANN001
     return trainer.step_window
 
 
-def bare_loop(model, optimizer, accumulation_steps):  # noqa: ANN001, ANN201
-    def step(window):  # nanoGPT: loss / k, backward per micro-batch, step and zero per window
-        for micro_batch in window:
-            (mean_loss(model, micro_batch) / accumulation_steps).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return step
-
-
-def accelerate_loop(model, optimizer, accumulation_steps):  # noqa: ANN001, ANN201
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    accelerator = Accelerator(gradient_accumulation_steps=accumulation_steps,
-                              cpu=not torch.cuda.is_available())
-    model, optimizer = accelerator.prepare(model, optimizer)
-
-    def step(window):
-        for micro_batch in window:
-            with accelerator.accumulate(model):
-                accelerator.backward(mean_loss(model, micro_batch))
-                optimizer.step()
-                optimizer.zero_grad()
-    return step
-
-
 def loop_overhead(name, make_model, batch, loss_fn, ks, repeats):  # noqa: ANN001, ANN201
     """Time one optimizer step of each loop on the same model, data and k."""
     rows = []
@@ -113,9 +86,9 @@ def loop_overhead(name, make_model, batch, loss_fn, ks, repeats):  # noqa: ANN00
             if label == "library":
                 steps[label] = library_loop(model, optimizer, loss_fn, k)
             elif label == "bare":
-                steps[label] = bare_loop(model, optimizer, k)
+                steps[label] = bare_loop(model, optimizer, k, mean_loss)
             else:
-                steps[label] = accelerate_loop(model, optimizer, k)
+                steps[label] = accelerate_loop(model, optimizer, k, mean_loss)[0]
         loops = {label: (lambda step=step, w=window: step(w)) for label, step in steps.items()}
         timings = time_interleaved(loops, repeats=repeats, warmup=2)
         row = {"model": name, "k": k, **{label: summary(t) for label, t in timings.items()}}
@@ -208,6 +181,13 @@ def ddp_communication(ks, quick):  # noqa: ANN001, ANN201
             for run in result["runs"]]
 
 
+def ddp_engine_overhead(quick):  # noqa: ANN001, ANN201
+    """The engine under DDP against the plain nanoGPT no_sync loop, 2 gloo processes."""
+    return launch(str(HERE / "ddp_overhead.py"),
+                  ["--repeats", "3" if quick else "31", "--hidden-dim", "64" if quick else "1024"],
+                  nproc_per_node=2, timeout_seconds=600)["rows"]
+
+
 # ----------------------------------------------------------------------------- reporting
 
 def markdown(results: dict) -> str:
@@ -247,10 +227,16 @@ def markdown(results: dict) -> str:
         lines.append(f"| {k} | {w['bytes_per_step']:,.0f} | {e['bytes_per_step']:,.0f} | "
                      f"{w['syncs_per_step']:.0f} / {e['syncs_per_step']:.0f} | "
                      f"{1e3 * w['seconds_per_step']:.2f} | {1e3 * e['seconds_per_step']:.2f} |")
+    lines += ["", "### 5. DDP, 2 gloo processes: the engine against the plain nanoGPT loop", "",
+              "| k | engine / plain no_sync loop (median) | engine ms (min–max) |", "|---|---|---|"]
+    for row in results.get("ddp_engine", []):
+        engine = row["engine"]
+        lines.append(f"| {row['k']} | {row['engine_vs_plain']:.3f} | {1e3 * engine['median']:.2f}"
+                     f" ({1e3 * engine['min']:.2f}–{1e3 * engine['max']:.2f}) |")
     if results.get("cuda"):
-        lines += ["", "### 5. CUDA", "", "```", json.dumps(results["cuda"], indent=1), "```"]
+        lines += ["", "### 6. CUDA", "", "```", json.dumps(results["cuda"], indent=1), "```"]
     else:
-        lines += ["", "### 5. CUDA", "", "No GPU on the machine that ran this; rerun "
+        lines += ["", "### 6. CUDA", "", "No GPU on the machine that ran this; rerun "
                   "`make bench` on one to fill this section."]
     return "\n".join(lines)
 
@@ -308,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     results["peak_memory"] = peak_process_memory(ks, 64 if quick else 2048,
                                                  64 if quick else 512)
     results["ddp"] = ddp_communication(ks, quick)
+    results["ddp_engine"] = ddp_engine_overhead(quick)
     results["cuda"] = None  # filled by a GPU run: see benchmarks/README.md
     results["seconds"] = time.perf_counter() - started
 

@@ -12,22 +12,29 @@ window of an epoch).
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 
 from .accumulation import AccumulationTrainer
 from .batches import concatenate_micro_batches
-from .equivalence import OptimizerFactory
+from .equivalence import Gradients, OptimizerFactory, collected_gradients, model_restored
 from .losses import bert_classification_loss
 
 __all__ = [
     "WindowDataset",
+    "accelerate_loop",
+    "accelerate_micro_step",
     "accelerate_step",
+    "bare_loop",
     "bare_loop_step",
+    "hf_model_loss_gradients",
     "hf_trainer_step",
     "library_step",
+    "model_mean_loss",
     "summed_cross_entropy_over_window",
 ]
 
@@ -46,33 +53,93 @@ class WindowDataset(torch.utils.data.Dataset):
         return {key: column[index] for key, column in self.columns.items()}
 
 
-def library_step(accumulation_steps: int, loss_fn=bert_classification_loss):  # noqa: ANN001, ANN201
-    """Return a step function running gradaccum's :class:`AccumulationTrainer`."""
+def library_step(accumulation_steps: int, loss_fn=bert_classification_loss,  # noqa: ANN001, ANN201
+                 **trainer_options):  # noqa: ANN003
+    """Return a step function running gradaccum's :class:`AccumulationTrainer` (extra keyword
+    arguments, e.g. ``max_grad_norm``, go to the trainer)."""
 
     def step(model: nn.Module, micro_batches: list, make_optimizer: OptimizerFactory) -> None:
         trainer = AccumulationTrainer(model, loss_fn, make_optimizer(model.parameters()),
-                                      accumulation_steps=accumulation_steps, progress=False)
+                                      accumulation_steps=accumulation_steps, progress=False,
+                                      **trainer_options)
         trainer.train_epoch(micro_batches)
 
     return step
 
 
-def bare_loop_step(accumulation_steps: int):  # noqa: ANN201
-    """Return a step function for the nanoGPT-style loop: the model's mean loss divided by k,
-    backward per micro-batch, step and zero once per window (or at the end of the data).
-    """
+def model_mean_loss(model: nn.Module, micro_batch: Mapping[str, Tensor]) -> Tensor:
+    """Return a 🤗 model's own (mean) loss: ``model(**micro_batch).loss``."""
+    return model(**micro_batch).loss
 
-    def step(model: nn.Module, micro_batches: list, make_optimizer: OptimizerFactory) -> None:
-        optimizer = make_optimizer(model.parameters())
-        model.train()
+
+MeanLoss = Callable[[nn.Module, Any], Tensor]
+
+
+def bare_loop(model: nn.Module, optimizer: torch.optim.Optimizer, accumulation_steps: int,
+              mean_loss: MeanLoss = model_mean_loss) -> Callable[[Sequence[Any]], None]:
+    """Return ``run(micro_batches)``: the nanoGPT-style loop over them. Per micro-batch: on a
+    DDP model, ``require_backward_grad_sync`` set BEFORE the forward pass (True only on the
+    window's last micro-step); the mean loss divided by k; backward. Step and zero every k
+    micro-batches and at the end of the data.
+    """
+    is_ddp = isinstance(model, DistributedDataParallel)
+
+    def run(micro_batches: Sequence[Any]) -> None:
         for index, micro_batch in enumerate(micro_batches):
-            loss = model(**micro_batch).loss / accumulation_steps
-            loss.backward()
-            if (index + 1) % accumulation_steps == 0 or index + 1 == len(micro_batches):
+            last = (index + 1) % accumulation_steps == 0 or index + 1 == len(micro_batches)
+            if is_ddp:
+                model.require_backward_grad_sync = last
+            (mean_loss(model, micro_batch) / accumulation_steps).backward()
+            if last:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
 
+    return run
+
+
+def bare_loop_step(accumulation_steps: int):  # noqa: ANN201
+    """Return a step function for the nanoGPT-style loop (:func:`bare_loop`) on a 🤗 model:
+    the model's mean loss divided by k, backward per micro-batch, step and zero once per
+    window (or at the end of the data).
+    """
+
+    def step(model: nn.Module, micro_batches: list, make_optimizer: OptimizerFactory) -> None:
+        model.train()
+        bare_loop(model, make_optimizer(model.parameters()), accumulation_steps)(micro_batches)
+
     return step
+
+
+def accelerate_micro_step(accelerator: Any, model: nn.Module, optimizer: Any, mean_loss: MeanLoss,
+                          micro_batch: Any) -> None:
+    """One micro-batch the way Accelerate documents it: inside ``accelerator.accumulate``,
+    ``accelerator.backward`` (which divides by k), then ``optimizer.step()`` and
+    ``zero_grad()`` (no-ops until the window's last micro-step, or the data's end)."""
+    with accelerator.accumulate(model):
+        accelerator.backward(mean_loss(model, micro_batch))
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def accelerate_loop(model: nn.Module, optimizer: torch.optim.Optimizer, accumulation_steps: int,
+                    mean_loss: MeanLoss = model_mean_loss):  # noqa: ANN201
+    """Return ``(run(micro_batches), prepared_model)`` for Accelerate without a prepared
+    DataLoader (a benchmark of the loop's overhead; windows are counted by calls)."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    accelerator = Accelerator(gradient_accumulation_steps=accumulation_steps,
+                              cpu=not torch.cuda.is_available())
+    prepared_model, prepared_optimizer = accelerator.prepare(model, optimizer)
+
+    def run(micro_batches: Sequence[Any]) -> None:
+        for micro_batch in micro_batches:
+            accelerate_micro_step(accelerator, prepared_model, prepared_optimizer, mean_loss,
+                                  micro_batch)
+
+    return run, prepared_model
 
 
 def accelerate_step(accumulation_steps: int, *, count_window_items: bool = False):  # noqa: ANN201
@@ -97,16 +164,13 @@ def accelerate_step(accumulation_steps: int, *, count_window_items: bool = False
         model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
         model.train()
         window_items = sum(len(mb["labels"]) for mb in micro_batches)  # one window here
+        def window_mean_loss(model: nn.Module, micro_batch: Mapping[str, Tensor]) -> Tensor:
+            summed, _ = bert_classification_loss(model, micro_batch)  # cancels backward's 1/k
+            return summed / window_items * accelerator.gradient_accumulation_steps
+
+        loss = window_mean_loss if count_window_items else model_mean_loss
         for micro_batch in loader:
-            with accelerator.accumulate(model):
-                if count_window_items:
-                    summed, _ = bert_classification_loss(model, micro_batch)
-                    loss = summed / window_items * accelerator.gradient_accumulation_steps
-                else:
-                    loss = model(**micro_batch).loss
-                accelerator.backward(loss)
-                optimizer.step()
-                optimizer.zero_grad()
+            accelerate_micro_step(accelerator, model, optimizer, loss, micro_batch)
 
     return step
 
@@ -161,3 +225,22 @@ def hf_trainer_step(accumulation_steps: int, *, workaround: str | None = None): 
             trainer.train()
 
     return step
+
+
+def hf_model_loss_gradients(model: nn.Module, micro_batches: Sequence[Mapping[str, Tensor]], *,
+                            num_items_in_batch: Tensor | None = None) -> Gradients:
+    """Return the window gradient the 🤗 ``Trainer`` accumulates from the model's own loss:
+    ``model(**micro_batch).loss`` per micro-batch, divided by k when no window count is given
+    (the pre-2024 behaviour, and what heads that drop the count still get), or with
+    ``num_items_in_batch`` passed to the model. The model is left as found.
+    """
+    micro_batches = list(micro_batches)
+    if not micro_batches:
+        raise ValueError("micro_batches is empty; it needs at least one micro-batch")
+    with model_restored(model):
+        for micro_batch in micro_batches:
+            if num_items_in_batch is None:
+                (model(**micro_batch).loss / len(micro_batches)).backward()
+            else:
+                model(**micro_batch, num_items_in_batch=num_items_in_batch).loss.backward()
+        return collected_gradients(model, 1.0)

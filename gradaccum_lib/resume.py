@@ -86,7 +86,7 @@ class ResumeState:
                     "cannot replay the epoch: the checkpoint recorded "
                     f"{len(self._epoch_order_states)} order generator(s) but this loader draws "
                     f"from {len(generators)}; pass the same kind of loader as before")
-            mid_epoch = [_get_state(g) for g in generators]
+            mid_epoch = torch.get_rng_state()  # restored from the checkpoint (dropout...)
             for generator, state in zip(generators, self._epoch_order_states, strict=True):
                 _set_state(generator, state)
         elif not resuming:
@@ -102,8 +102,7 @@ class ResumeState:
         iterator = iter(micro_batches)
         first = next(iterator, _END)  # a shuffling loader draws its order here
         if resuming and self._epoch_order_states is not None:
-            for generator, state in zip(generators, mid_epoch, strict=True):
-                _set_state(generator, state)
+            torch.set_rng_state(mid_epoch)  # a loader's own generator stays where the draw left it
         return iter(()) if first is _END else itertools.chain([first], iterator)
 
     def _check_replay(self, index: int, window: Sequence[Batch]) -> None:

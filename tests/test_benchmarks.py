@@ -29,6 +29,9 @@ def test_quick_benchmark_writes_json_table_and_figure(tmp_path):
     assert abs(results["activation_memory"][-1]["ratio_to_1_over_k"] - 1) < 0.05
     ddp = {(r["accumulation_steps"], r["sync"]): r for r in results["ddp"]}
     assert ddp[4, "every"]["bytes_per_step"] == 4 * ddp[4, "window"]["bytes_per_step"]
+    engine_rows = results["ddp_engine"]
+    assert [row["k"] for row in engine_rows] == [1, 2, 4, 8, 16]
+    assert all(row["engine_vs_plain"] > 0 for row in engine_rows)
     readme = (tmp_path / "README.md").read_text()
     assert readme.startswith("# kept header") and readme.endswith("kept footer\n")
     assert "old table" not in readme and "| MLP | 1 |" in readme

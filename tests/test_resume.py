@@ -1,0 +1,188 @@
+"""Exact resume with the loaders people use, and checkpoint files that refuse to be wrong."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from gradaccum_lib.accumulation import AccumulationTrainer
+from gradaccum_lib.checkpoints import CheckpointError, read_checkpoint, write_checkpoint
+from gradaccum_lib.data import make_toy_classification
+from gradaccum_lib.losses import sample_classification_loss
+from gradaccum_lib.models import make_mlp
+
+DATASET = TensorDataset(*make_toy_classification(100, 8, 3, seed=4))  # 6 windows of 16 + 4
+
+
+def _trainer():
+    model = make_mlp(8, 16, 3, dropout=0.3, seed=0)  # dropout: the RNG matters mid-epoch too
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+    return AccumulationTrainer(model, sample_classification_loss, optimizer,
+                               accumulation_steps=4, scheduler=scheduler, max_grad_norm=1.0,
+                               progress=False)
+
+
+def _equal(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a.model.parameters(), b.model.parameters(),
+                                                 strict=True))
+
+
+def _run(make_loader, tmp_path, *, before_resume=lambda loader: None):
+    """(uninterrupted, resumed) trainers after 2 epochs; the resumed one is killed after 3
+    windows of epoch 0 and restarted as a fresh process would be (other global RNG state)."""
+    torch.manual_seed(7)
+    uninterrupted = _trainer()
+    loader = make_loader()
+    for epoch in range(2):
+        if hasattr(loader.sampler, "set_epoch"):
+            loader.sampler.set_epoch(epoch)
+        uninterrupted.train_epoch(loader)
+
+    torch.manual_seed(7)
+    killed = _trainer()
+    loader = make_loader()
+    if hasattr(loader.sampler, "set_epoch"):
+        loader.sampler.set_epoch(0)
+    killed.train_epoch(loader, max_windows=3, checkpoint_path=tmp_path / "c.pt",
+                       checkpoint_every=3)
+    torch.manual_seed(12345)  # the new process's generator is anywhere
+    resumed = _trainer()
+    resumed.load_checkpoint(tmp_path / "c.pt")
+    loader = make_loader()
+    before_resume(loader)
+    for epoch in range(resumed.epoch, 2):
+        if hasattr(loader.sampler, "set_epoch") and epoch > 0:
+            loader.sampler.set_epoch(epoch)
+        resumed.train_epoch(loader)
+    return uninterrupted, resumed
+
+
+def test_resume_with_a_shuffling_dataloader_is_exact(tmp_path):
+    uninterrupted, resumed = _run(lambda: DataLoader(DATASET, batch_size=4, shuffle=True),
+                                  tmp_path)
+    assert _equal(uninterrupted, resumed)
+    assert resumed.history.as_dict() == uninterrupted.history.as_dict()
+
+
+def test_resume_with_a_seeded_loader_generator_is_exact(tmp_path):
+    def make_loader():
+        return DataLoader(DATASET, batch_size=4, shuffle=True,
+                          generator=torch.Generator().manual_seed(3))
+    uninterrupted, resumed = _run(make_loader, tmp_path)
+    assert _equal(uninterrupted, resumed)
+
+
+def test_resume_with_a_distributed_sampler_is_exact(tmp_path):
+    def make_loader():
+        sampler = DistributedSampler(DATASET, num_replicas=1, rank=0, shuffle=True, seed=5)
+        sampler.set_epoch(0)
+        return DataLoader(DATASET, batch_size=4, sampler=sampler)
+    uninterrupted, resumed = _run(make_loader, tmp_path)
+    assert _equal(uninterrupted, resumed)
+
+
+def test_resume_with_a_sampler_at_the_wrong_epoch_is_refused(tmp_path):
+    def make_loader():
+        sampler = DistributedSampler(DATASET, num_replicas=1, rank=0, shuffle=True, seed=5)
+        sampler.set_epoch(0)
+        return DataLoader(DATASET, batch_size=4, sampler=sampler)
+    with pytest.raises(ValueError, match=r"sampler is at epoch 1 .* call sampler.set_epoch\(0\)"):
+        _run(make_loader, tmp_path, before_resume=lambda loader: loader.sampler.set_epoch(1))
+
+
+def test_resume_on_other_samples_is_refused_not_trained(tmp_path):
+    torch.manual_seed(7)
+    killed = _trainer()
+    killed.train_epoch(DataLoader(DATASET, batch_size=4, shuffle=False), max_windows=3,
+                       checkpoint_path=tmp_path / "c.pt", checkpoint_every=3)
+    resumed = _trainer()
+    resumed.load_checkpoint(tmp_path / "c.pt")
+    before = [p.detach().clone() for p in resumed.model.parameters()]
+    reversed_data = TensorDataset(*(t.flip(0) for t in DATASET.tensors))
+    with pytest.raises(ValueError, match="do not replay the interrupted run: window 2 differs"):
+        resumed.train_epoch(DataLoader(reversed_data, batch_size=4, shuffle=False))
+    assert all(torch.equal(a, b) for a, b in zip(before, resumed.model.parameters(),
+                                                 strict=True))
+
+
+def test_resume_with_fewer_windows_than_trained_is_refused(tmp_path):
+    killed = _trainer()
+    killed.train_epoch(DataLoader(DATASET, batch_size=4), max_windows=6,
+                       checkpoint_path=tmp_path / "c.pt", checkpoint_every=6)
+    resumed = _trainer()
+    resumed.load_checkpoint(tmp_path / "c.pt")
+    short = TensorDataset(*(t[:40] for t in DATASET.tensors))
+    with pytest.raises(ValueError, match="hold 3 windows but the checkpoint had already"):
+        resumed.train_epoch(DataLoader(short, batch_size=4))
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    trainer = _trainer()
+    trainer.train_epoch(DataLoader(DATASET, batch_size=4), max_windows=2)
+    path = tmp_path / "c.pt"
+    trainer.save_checkpoint(path)
+    return path
+
+
+def test_a_flipped_bit_in_the_tensor_data_is_refused_naming_the_path(checkpoint):
+    data = bytearray(checkpoint.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    checkpoint.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=f"checkpoint {checkpoint} is corrupted"):
+        _trainer().load_checkpoint(checkpoint)
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda data: b"", "is empty"),
+    (lambda data: data[: len(data) // 3], "is corrupted or truncated"),
+    (lambda data: b"PK\x03\x04 not ours" * 40, "is not a gradaccum checkpoint"),
+])
+def test_unreadable_checkpoints_are_refused_naming_the_path(checkpoint, damage, message):
+    checkpoint.write_bytes(damage(checkpoint.read_bytes()))
+    with pytest.raises(CheckpointError, match=f"{checkpoint} {message}"):
+        _trainer().load_checkpoint(checkpoint)
+
+
+def test_a_missing_checkpoint_names_its_path(tmp_path):
+    with pytest.raises(CheckpointError, match=f"checkpoint {tmp_path / 'none.pt'} does not"):
+        _trainer().load_checkpoint(tmp_path / "none.pt")
+
+
+def test_a_checkpoint_of_another_optimizer_is_refused_before_anything_is_restored(checkpoint):
+    model = make_mlp(8, 16, 3, dropout=0.3, seed=1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = AccumulationTrainer(
+        model, sample_classification_loss, optimizer, accumulation_steps=4, progress=False,
+        scheduler=torch.optim.lr_scheduler.StepLR(optimizer, step_size=3))
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(CheckpointError, match="optimizer_kind: checkpoint 'AdamW', trainer 'SGD'"):
+        trainer.load_checkpoint(checkpoint)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert trainer.optimizer_steps == 0 and not optimizer.state
+
+
+def test_a_checkpoint_of_another_model_or_k_names_the_mismatch(checkpoint):
+    wider = make_mlp(8, 32, 3, seed=0)
+    trainer = AccumulationTrainer(wider, sample_classification_loss,
+                                  torch.optim.AdamW(wider.parameters()), accumulation_steps=2,
+                                  progress=False)
+    with pytest.raises(CheckpointError) as info:
+        trainer.load_checkpoint(checkpoint)
+    assert "accumulation_steps: checkpoint 4, trainer 2" in str(info.value)
+    assert "model: another architecture" in str(info.value)
+
+
+def test_writes_are_atomic_and_clean_stale_temporaries(tmp_path):
+    target = tmp_path / "c.pt"
+    stale = tmp_path / ".c.pt.tmp-99999"
+    stale.write_bytes(b"left by a crash")
+    write_checkpoint({"a": torch.arange(3)}, target)
+    assert not stale.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["c.pt"]
+    assert torch.equal(read_checkpoint(target)["a"], torch.arange(3))
+    with pytest.raises(CheckpointError, match="is a directory"):
+        write_checkpoint({}, tmp_path)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        write_checkpoint({}, tmp_path / "missing" / "c.pt")
