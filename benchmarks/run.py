@@ -31,8 +31,8 @@ from gradaccum_lib.data import (
     load_tokenizer,
     make_toy_classification,
 )
-from gradaccum_lib.distributed import launch
 from gradaccum_lib.frameworks import accelerate_loop, bare_loop
+from gradaccum_lib.launcher import launch
 from gradaccum_lib.losses import bert_classification_loss, sample_classification_loss
 from gradaccum_lib.memory import activation_bytes
 from gradaccum_lib.models import make_mlp, make_tiny_bert

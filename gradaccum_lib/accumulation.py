@@ -23,40 +23,27 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from .batches import Batch, LossFn, NonFiniteLossError, _check_count, _checked_output, windows_of
+from .distributed import full_value, gradient_sync_kind
 from .history import TrainingHistory, WindowRecord
 from .resume import ResumeState
-from .runtime import check_positive_int
+from .runtime import check_positive_int, check_trainer_arguments
 
-__all__ = ["AccumulationTrainer", "TrainingHistory", "WindowRecord", "gradient_sync_kind"]
-
-
-def gradient_sync_kind(model: nn.Module) -> str:
-    """Return how ``model`` synchronises gradients: ``"ddp"``, ``"fsdp2"`` or ``"none"``."""
-    if isinstance(model, DistributedDataParallel):
-        return "ddp"
-    if callable(getattr(model, "set_requires_gradient_sync", None)):
-        return "fsdp2"
-    return "none"
+__all__ = ["AccumulationTrainer", "TrainingHistory", "WindowRecord"]
 
 
 def _at_least_fp32(tensor: Tensor) -> Tensor:
     """``tensor`` in float32 if it is in a 16-bit type (autocast), else unchanged."""
     return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
-
-
-def _local(tensor: Tensor) -> Tensor:
-    """The full value of a DTensor (FSDP2), else ``tensor``."""
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 class AccumulationTrainer(ResumeState):
@@ -88,8 +75,8 @@ class AccumulationTrainer(ResumeState):
         track_grad_norm: bool = True,
         sync_every_micro_step: bool = False,
     ) -> None:
-        self._check_arguments(model, loss_fn, optimizer, scheduler, max_grad_norm, amp_dtype,
-                              progress, observers, track_grad_norm, sync_every_micro_step)
+        check_trainer_arguments(model, loss_fn, optimizer, scheduler, max_grad_norm, amp_dtype,
+                                progress, observers, track_grad_norm, sync_every_micro_step)
         check_positive_int("accumulation_steps", accumulation_steps)
         self.model = model
         self.loss_fn = loss_fn
@@ -127,49 +114,6 @@ class AccumulationTrainer(ResumeState):
         self.optimizer_steps = 0
         self._init_resume_state()
 
-    @staticmethod
-    def _check_arguments(model, loss_fn, optimizer, scheduler, max_grad_norm,  # noqa: ANN001, ANN205, PLR0913
-                         amp_dtype, progress, observers, track_grad_norm, sync_every_micro_step):
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
-        if not any(p.requires_grad for p in model.parameters()):
-            raise ValueError(f"model ({type(model).__name__}) has no trainable parameters; "
-                             "there is nothing to accumulate")
-        if not callable(loss_fn):
-            raise TypeError("loss_fn must be callable as loss_fn(model, micro_batch) -> "
-                            f"(summed_loss, num_items); got {type(loss_fn).__name__}")
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer; got "
-                            f"{type(optimizer).__name__}")
-        owned = {id(p) for p in model.parameters()}
-        strangers = sum(id(p) not in owned for g in optimizer.param_groups for p in g["params"])
-        if strangers:
-            raise ValueError(f"optimizer holds {strangers} parameter(s) that are not the "
-                             "model's; build it from model.parameters()")
-        if scheduler is not None and not (callable(getattr(scheduler, "step", None))
-                                          and getattr(scheduler, "optimizer", None) is optimizer):
-            raise ValueError("scheduler must be None or an LR scheduler built on this optimizer; "
-                             f"got {type(scheduler).__name__}")
-        if max_grad_norm is not None:
-            if isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float)):
-                raise TypeError(f"max_grad_norm must be a positive number or None; got "
-                                f"{max_grad_norm!r} of type {type(max_grad_norm).__name__}")
-            if not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
-                raise ValueError(f"max_grad_norm must be a finite number > 0 or None; got "
-                                 f"{max_grad_norm!r}")
-        if amp_dtype not in (None, torch.bfloat16, torch.float16):
-            raise ValueError(
-                f"amp_dtype must be None, torch.bfloat16 or torch.float16; got {amp_dtype!r}")
-        for label, flag in (("progress", progress), ("track_grad_norm", track_grad_norm),
-                            ("sync_every_micro_step", sync_every_micro_step)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{label} must be True or False; got {flag!r}")
-        for observer in observers:
-            if not all(callable(getattr(observer, name, None))
-                       for name in ("on_micro_step", "on_window_end")):
-                raise TypeError("each observer needs on_micro_step and on_window_end methods; "
-                                f"got {type(observer).__name__}")
-
     def _parameters(self) -> list[nn.Parameter]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
@@ -193,6 +137,9 @@ class AccumulationTrainer(ResumeState):
             check_positive_int("checkpoint_every", checkpoint_every)
         if max_windows is not None:
             check_positive_int("max_windows", max_windows)
+        if checkpoint_path is not None and not isinstance(checkpoint_path, (str, os.PathLike)):
+            raise TypeError(f"checkpoint_path must be a path (str or os.PathLike); got "
+                            f"{type(checkpoint_path).__name__}")
         if isinstance(micro_batches, (Tensor, dict)) or not isinstance(micro_batches, Iterable):
             raise TypeError("micro_batches must be an iterable of micro-batches (a list, a "
                             f"DataLoader...); got {type(micro_batches).__name__}")
@@ -220,6 +167,8 @@ class AccumulationTrainer(ResumeState):
             if checkpoint_every is not None and self.windows_done % checkpoint_every == 0:
                 self.save_checkpoint(checkpoint_path)
         bar.close()
+        if index < 0:
+            raise ValueError("micro_batches is empty: an epoch needs at least one micro-batch")
         if index + 1 < self.windows_done:
             raise ValueError(f"micro_batches hold {index + 1} windows but the checkpoint had "
                              f"already trained {self.windows_done} of this epoch; pass the "
@@ -235,6 +184,9 @@ class AccumulationTrainer(ResumeState):
                             f"split_into_micro_batches); got {type(window).__name__}")
         if not window:
             raise ValueError("window is empty; it needs at least one micro-batch")
+        if len(window) > self.accumulation_steps:
+            raise ValueError(f"window holds {len(window)} micro-batches but accumulation_steps "
+                             f"is {self.accumulation_steps}; pass at most that many")
         self.optimizer.zero_grad(set_to_none=True)
         summed_losses, counts, normaliser = self._accumulate(window)
         total_items, total_loss = self._window_totals(summed_losses, counts)
@@ -282,6 +234,10 @@ class AccumulationTrainer(ResumeState):
                 summed_loss, count = _checked_output(output, micro_step)
                 if normaliser is None:
                     normaliser = self._provisional(count, len(window))
+                if not summed_loss.requires_grad:
+                    raise ValueError(
+                        f"the loss of micro-batch {micro_step} does not require grad: loss_fn "
+                        "must not detach it or run under torch.no_grad()")
                 loss = _at_least_fp32(summed_loss) / normaliser
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             summed_losses.append(_at_least_fp32(summed_loss.detach()))
@@ -351,7 +307,7 @@ class AccumulationTrainer(ResumeState):
             norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
         else:
             return float("nan")
-        return float(_local(norm))
+        return float(full_value(norm))
 
     def _optimizer_step(self) -> None:
         if self.scaler is not None:

@@ -21,11 +21,13 @@ from typing import Any, TypeAlias
 import torch
 from torch import Tensor, nn
 
-from .runtime import is_int
+from .runtime import check_positive_int, is_int
 
 __all__ = [
     "Batch",
+    "as_micro_batch_list",
     "batch_size",
+    "check_batch_collection",
     "check_loss_output",
     "concatenate_micro_batches",
     "LossFn",
@@ -33,6 +35,7 @@ __all__ = [
     "split_into_micro_batches",
     "windows_of",
 ]
+
 
 Batch: TypeAlias = Tensor | Sequence[Tensor] | Mapping[str, Tensor]
 
@@ -51,6 +54,7 @@ class NonFiniteLossError(FloatingPointError):
         )
         self.micro_step = micro_step
         self.value = value
+
 
 def _tensors_of(batch: Batch) -> list[tuple[str, Tensor]]:
     """(label, tensor) pairs of a batch, after checking its kind."""
@@ -72,6 +76,7 @@ def _tensors_of(batch: Batch) -> list[tuple[str, Tensor]]:
             raise TypeError(f"{label} must be a Tensor; got {type(value).__name__}")
     return pairs
 
+
 def batch_size(batch: Batch) -> int:
     """Return the size of dim 0 shared by every tensor of ``batch`` (checked)."""
     pairs = _tensors_of(batch)
@@ -88,6 +93,7 @@ def batch_size(batch: Batch) -> int:
         raise ValueError("batch is empty (dim 0 has size 0); it needs at least one item")
     return size
 
+
 def _rebuild(batch: Batch, parts_per_tensor: list[tuple[Tensor, ...]], index: int) -> Batch:
     """The ``index``-th micro-batch, of the same kind as ``batch``."""
     if isinstance(batch, Tensor):
@@ -100,6 +106,7 @@ def _rebuild(batch: Batch, parts_per_tensor: list[tuple[Tensor, ...]], index: in
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
         return type(batch)(*items)
     return type(batch)(items)
+
 
 def split_into_micro_batches(
     batch: Batch,
@@ -145,10 +152,29 @@ def split_into_micro_batches(
         count = math.ceil(total / micro_batch_size)
     return [_rebuild(batch, parts, index) for index in range(count)]
 
+
+def check_batch_collection(batches: object, label: str = "micro_batches") -> None:
+    """Refuse what is ONE batch rather than an iterable of (micro-)batches: a Tensor would be
+    taken row by row, a dict key by key, a string character by character."""
+    if isinstance(batches, (Tensor, Mapping, str, bytes)) or not isinstance(batches, Iterable):
+        raise TypeError(
+            f"{label} must be a list (or another iterable) of micro-batches, e.g. from "
+            f"split_into_micro_batches, not one batch; got {type(batches).__name__}"
+        )
+
+
+def as_micro_batch_list(micro_batches: Iterable[Batch], label: str = "micro_batches",
+                        ) -> list[Batch]:
+    """Return ``micro_batches`` as a list, after :func:`check_batch_collection`."""
+    check_batch_collection(micro_batches, label)
+    return list(micro_batches)
+
+
 def concatenate_micro_batches(micro_batches: Sequence[Batch]) -> Batch:
     """Return the window's whole batch: the micro-batches concatenated along dim 0, of the
     same kind (the inverse of :func:`split_into_micro_batches`).
     """
+    micro_batches = as_micro_batch_list(micro_batches)
     if not micro_batches:
         raise ValueError("micro_batches is empty; it needs at least one micro-batch")
     first = micro_batches[0]
@@ -168,6 +194,7 @@ def concatenate_micro_batches(micro_batches: Sequence[Batch]) -> Batch:
     if hasattr(first, "_fields"):
         return type(first)(*parts)
     return type(first)(parts)
+
 
 def _checked_output(output: object, micro_step: int) -> tuple[Tensor, Tensor | float]:
     """The (summed_loss, num_items) pair of a loss function, its kinds and shapes checked."""
@@ -197,11 +224,13 @@ def _checked_output(output: object, micro_step: int) -> tuple[Tensor, Tensor | f
         f"got {type(num_items).__name__} at micro-batch {micro_step}"
     )
 
+
 def _check_count(count: float, micro_step: int) -> None:
     if not (math.isfinite(count) and count >= 0):
         raise ValueError(
             f"loss_fn's num_items must be finite and >= 0; got {count} at micro-batch {micro_step}"
         )
+
 
 def check_loss_output(output: object, micro_step: int) -> tuple[Tensor, float]:
     """Return ``(summed_loss, num_items)`` from a loss function's output, validated.
@@ -216,8 +245,16 @@ def check_loss_output(output: object, micro_step: int) -> tuple[Tensor, float]:
         raise NonFiniteLossError(micro_step, summed_loss.item())
     return summed_loss, count
 
+
 def windows_of(micro_batches: Iterable[Batch], accumulation_steps: int) -> Iterator[list[Batch]]:
-    """Yield lists of ``accumulation_steps`` consecutive micro-batches; the last may be shorter."""
+    """Yield lists of ``accumulation_steps`` consecutive micro-batches; the last may be shorter.
+    The arguments are checked at the call, not at the first window."""
+    check_positive_int("accumulation_steps", accumulation_steps)
+    check_batch_collection(micro_batches)
+    return _windows(micro_batches, accumulation_steps)
+
+
+def _windows(micro_batches: Iterable[Batch], accumulation_steps: int) -> Iterator[list[Batch]]:
     window: list[Batch] = []
     for micro_batch in micro_batches:
         window.append(micro_batch)

@@ -43,9 +43,11 @@ class Timing:
         """Return the slowest sample."""
         return max(self.samples)
 
+
 def _synchronize() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
 
 def time_interleaved(
     functions: Mapping[str, Callable[[], object]], *, repeats: int = 5, warmup: int = 1

@@ -8,6 +8,7 @@ so the global random state is never touched.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,11 +16,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .emr_corpus import DATA_DIR, LABELS, SPLITS
-from .runtime import check_positive_int
+from .emr_corpus import DATA_DIR, LABELS, SPECIAL_TOKENS, SPLITS
+from .runtime import check_bool, check_int, check_number, check_positive_int, check_seed, is_int
 
 if TYPE_CHECKING:  # transformers is imported only where a tokenizer is built
     from transformers import PreTrainedTokenizerBase
+
 
 __all__ = [
     "encode_records",
@@ -32,6 +34,7 @@ __all__ = [
     "mask_tokens",
     "PAD_ID",
 ]
+
 
 PAD_ID = 0  # input id of padding tokens
 
@@ -52,12 +55,16 @@ def make_toy_classification(
     check_positive_int("num_samples", num_samples)
     check_positive_int("input_dim", input_dim)
     check_positive_int("num_classes", num_classes)
+    check_seed(seed)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype; got {dtype!r}")
     generator = torch.Generator().manual_seed(seed)
     inputs = torch.randn(num_samples, input_dim, generator=generator, dtype=torch.float64)
     teacher = torch.randn(input_dim, num_classes, generator=generator, dtype=torch.float64)
     noise = torch.randn(num_samples, num_classes, generator=generator, dtype=torch.float64)
     labels = (inputs @ teacher + noise).argmax(dim=1)
     return inputs.to(dtype), labels
+
 
 def make_toy_token_batch(
     num_sequences: int,
@@ -78,11 +85,13 @@ def make_toy_token_batch(
     check_positive_int("num_sequences", num_sequences)
     check_positive_int("max_length", max_length)
     check_positive_int("num_tags", num_tags)
-    if not isinstance(vocab_size, int) or vocab_size < 2:
+    if not is_int(vocab_size) or vocab_size < 2:
         raise ValueError(f"vocab_size must be an int >= 2 (id 0 is padding); got {vocab_size!r}")
-    if not isinstance(min_length, int) or not 1 <= min_length <= max_length:
+    if not is_int(min_length) or not 1 <= min_length <= max_length:
         raise ValueError(f"min_length must be an int in [1, max_length={max_length}]; "
                          f"got {min_length!r}")
+    check_bool("sort_by_length", sort_by_length)
+    check_seed(seed)
     generator = torch.Generator().manual_seed(seed)
     lengths = torch.randint(min_length, max_length + 1, (num_sequences,), generator=generator)
     if sort_by_length:
@@ -100,48 +109,150 @@ def make_toy_token_batch(
         "attention_mask": attention_mask.long(),
     }
 
+
+def _check_record(record: object, where: str) -> Mapping[str, object]:
+    """A record with a str ``text`` and an int ``label`` in range; errors start with ``where``."""
+    if not isinstance(record, Mapping):
+        raise ValueError(f"{where}: a record must be a JSON object with 'text' and 'label'; "
+                         f"got {type(record).__name__}")
+    text, label = record.get("text"), record.get("label")
+    if not isinstance(text, str):
+        raise ValueError(f"{where}: 'text' must be a string; got "
+                         f"{'nothing (no text key)' if 'text' not in record else repr(text)}")
+    if not is_int(label) or not 0 <= label < len(LABELS):
+        shown = "nothing (no label key)" if "label" not in record else repr(label)
+        raise ValueError(f"{where}: 'label' must be an int in [0, {len(LABELS) - 1}] (an index "
+                         f"into LABELS); got {shown}")
+    diagnosis = record.get("diagnosis", LABELS[label])
+    if diagnosis != LABELS[label]:
+        raise ValueError(f"{where}: 'diagnosis' {diagnosis!r} does not match label {label} "
+                         f"({LABELS[label]!r})")
+    return record
+
+
+def _directory(directory: object) -> Path:
+    if not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"directory must be a path (str or Path); got {type(directory).__name__}")
+    path = Path(directory)
+    if not path.exists():
+        raise FileNotFoundError(f"directory {path} does not exist; give the folder holding the "
+                                "emr_*.jsonl files (default: the shipped data/)")
+    if not path.is_dir():
+        raise NotADirectoryError(f"directory {path} is not a directory")
+    return path
+
+
 def load_emr_split(split: str, directory: str | Path = DATA_DIR) -> list[dict[str, object]]:
-    """Return the records of one shipped split: ``train``, ``validation`` or ``test``."""
-    if split not in SPLITS:
+    """Return the records of one shipped split: ``train``, ``validation`` or ``test``.
+
+    Blank lines are skipped; anything else that is not a record (a JSON object with a str
+    ``text`` and an int ``label`` in [0, len(LABELS))) is refused naming the file and its
+    1-based line.
+    """
+    if not isinstance(split, str) or split not in SPLITS:
         raise ValueError(f"split must be one of {list(SPLITS)}; got {split!r}")
-    path = Path(directory) / f"emr_{split}.jsonl"
+    path = _directory(directory) / f"emr_{split}.jsonl"
     if not path.is_file():
         raise FileNotFoundError(
             f"{path} is missing; regenerate it with `python -m gradaccum_lib.emr_corpus`"
         )
-    with path.open(encoding="utf-8") as lines:
-        return [json.loads(line) for line in lines]
+    records = []
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, start=1):
+            where = f"{path}, line {number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{where}: not UTF-8 ({error.reason} at byte "
+                                 f"{error.start})") from None
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{where}: not valid JSON ({error.msg} at column "
+                                 f"{error.colno})") from None
+            records.append(dict(_check_record(record, where)))
+    if not records:
+        raise ValueError(f"{path} holds no records; regenerate it with "
+                         "`python -m gradaccum_lib.emr_corpus`")
+    return records
+
+
+def _check_vocabulary(path: Path) -> None:
+    """Refuse a vocabulary without the special tokens, with [PAD] not first, with blank or
+    duplicate lines: naming the file (and line)."""
+    try:
+        tokens = path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"vocabulary {path} is not UTF-8 ({error.reason})") from None
+    if tokens and tokens[-1] == "":
+        tokens.pop()  # the newline that ends the last line
+    missing = [token for token in SPECIAL_TOKENS if token not in tokens]
+    if missing:
+        raise ValueError(f"vocabulary {path} lacks the special tokens {missing}; it needs "
+                         f"{list(SPECIAL_TOKENS)}, one per line, [PAD] on the first line")
+    if tokens[PAD_ID] != "[PAD]":
+        raise ValueError(f"vocabulary {path}: line 1 must be [PAD] (id {PAD_ID} is padding "
+                         f"everywhere); got {tokens[0]!r}")
+    seen: dict[str, int] = {}
+    for number, token in enumerate(tokens, start=1):
+        if not token.strip():
+            raise ValueError(f"vocabulary {path}, line {number}: blank token")
+        if token in seen:
+            raise ValueError(f"vocabulary {path}, line {number}: {token!r} repeats line "
+                             f"{seen[token]}")
+        seen[token] = number
+
 
 def load_tokenizer(vocab_path: str | Path = DATA_DIR / "vocab.txt") -> PreTrainedTokenizerBase:
     """Return a BERT tokenizer over the shipped character vocabulary (no download).
 
     transformers 5 pitfall: ``BertTokenizerFast(vocab_file=...)`` silently maps every character
     to [UNK]; ``BertTokenizer(vocab=path)`` loads the file. Case is kept (CT, BNP, mmHg).
+    The file is checked first: one token per line, [PAD] first, every special token present.
     """
     from transformers import BertTokenizer
 
+    if not isinstance(vocab_path, (str, os.PathLike)):
+        raise TypeError(f"vocab_path must be a path (str or Path); got "
+                        f"{type(vocab_path).__name__}")
     path = Path(vocab_path)
     if not path.is_file():
         raise FileNotFoundError(f"vocabulary {path} is missing")
+    _check_vocabulary(path)
     return BertTokenizer(vocab=str(path), do_lower_case=False)
+
 
 def encode_records(
     records: Sequence[Mapping[str, object]], tokenizer: PreTrainedTokenizerBase, max_length: int
 ) -> dict[str, Tensor]:
     """Return ``{"input_ids", "attention_mask", "labels"}`` for ``records``, each note
     truncated and padded to ``max_length`` tokens (fixed padding: micro-batches are views).
+    ``max_length`` is at least 3: [CLS], one token of the note, [SEP].
     """
-    check_positive_int("max_length", max_length)
+    if not is_int(max_length) or max_length < 3:
+        raise ValueError(f"max_length must be a positive int >= 3 ([CLS], a token, [SEP]); "
+                         f"got {max_length!r}")
+    if isinstance(records, (str, bytes, Mapping)) or not isinstance(records, Sequence):
+        raise TypeError(f"records must be a list of records (dicts with 'text' and 'label'); "
+                        f"got {type(records).__name__}")
     if not records:
-        raise ValueError("records is empty")
-    encoded = tokenizer([str(r["text"]) for r in records], padding="max_length",
+        raise ValueError("records is empty; it needs at least one record")
+    for index, record in enumerate(records):
+        _check_record(record, f"records[{index}]")
+    if not callable(tokenizer) or getattr(tokenizer, "pad_token_id", None) is None:
+        raise TypeError(f"tokenizer must be a transformers tokenizer with a pad token (e.g. "
+                        f"load_tokenizer()); got {type(tokenizer).__name__}")
+    encoded = tokenizer([r["text"] for r in records], padding="max_length",
                         truncation=True, max_length=max_length, return_tensors="pt",
                         return_token_type_ids=False)
     return {
         "input_ids": encoded["input_ids"],
         "attention_mask": encoded["attention_mask"],
-        "labels": torch.tensor([int(r["label"]) for r in records]),
+        "labels": torch.tensor([r["label"] for r in records]),
     }
+
 
 def mask_tokens(
     batch: Mapping[str, Tensor],
@@ -155,10 +266,26 @@ def mask_tokens(
     ``mask_token_id`` with ``probability`` (its label is the original id); every other
     position is labelled ``IGNORE_INDEX``. At least one token per note is masked.
     """
-    if not 0.0 < probability < 1.0:
-        raise ValueError(f"probability must be in (0, 1); got {probability}")
+    check_number("probability", probability, low=0, high=1, low_open=True, high_open=True)
+    check_int("mask_token_id", mask_token_id, low=0)
+    check_seed(seed)
+    if isinstance(special_token_ids, (str, bytes)) or not isinstance(special_token_ids, Iterable):
+        raise TypeError(f"special_token_ids must be an iterable of ints (e.g. "
+                        f"tokenizer.all_special_ids); got {type(special_token_ids).__name__}")
+    special_token_ids = list(special_token_ids)
+    for index, special in enumerate(special_token_ids):
+        check_int(f"special_token_ids[{index}]", special, low=0)
+    if not isinstance(batch, Mapping) or not all(
+            isinstance(batch.get(key), Tensor) for key in ("input_ids", "attention_mask")):
+        raise TypeError("batch must be a dict holding Tensors 'input_ids' and 'attention_mask' "
+                        f"(from encode_records); got {type(batch).__name__}"
+                        + (f" with keys {list(batch)}" if isinstance(batch, Mapping) else ""))
     input_ids = batch["input_ids"]
-    candidates = batch["attention_mask"].bool()
+    if input_ids.dim() != 2 or batch["attention_mask"].shape != input_ids.shape:
+        raise ValueError("batch['input_ids'] and batch['attention_mask'] must be 2-dim and of "
+                         f"the same shape; got {tuple(input_ids.shape)} and "
+                         f"{tuple(batch['attention_mask'].shape)}")
+    candidates = batch["attention_mask"].to(torch.bool, copy=True)  # never the caller's mask
     for special in special_token_ids:
         candidates &= input_ids != special
     generator = torch.Generator().manual_seed(seed)

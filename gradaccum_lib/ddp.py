@@ -28,6 +28,7 @@ import contextlib
 import copy
 import gc
 import json
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -85,9 +86,12 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fail-on-rank", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--hang-on-rank", type=int, default=None, help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
-    for name in ("accumulation_steps", "micro_batch_size", "steps"):
+    for name in ("accumulation_steps", "micro_batch_size", "steps", "input_dim", "hidden_dim",
+                 "num_classes"):
         if getattr(arguments, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if not (math.isfinite(arguments.lr) and arguments.lr > 0):
+        parser.error(f"--lr must be a finite number > 0; got {arguments.lr}")
     arguments.steps_per_epoch = arguments.steps_per_epoch or arguments.steps
     if arguments.steps_per_epoch < 1:
         parser.error("--steps-per-epoch must be >= 1")

@@ -1,45 +1,57 @@
-"""Process groups, a DDP communication counter, and launching ``torchrun`` from Python.
+"""What a torchrun worker uses: the process group, a DDP communication counter, and
+:func:`run_worker`, its entry point.
 
-Distributed code runs under the real engine: ``torchrun`` starts the processes (gloo on CPU,
-nccl on CUDA), and :func:`launch` runs it from a notebook or a test in a subprocess with its
-own session, a timeout that kills the whole process group, and an error that carries the
-failing rank's stderr. (``!torchrun`` in a cell never fails the cell and may not be on PATH;
-``mp.spawn`` of a function defined in a notebook cannot pickle it; fork-based launchers can
-hang after torch has started threads.)
+``torchrun`` starts the processes (gloo on CPU, nccl on CUDA); :mod:`gradaccum_lib.launcher`
+starts torchrun from a notebook or a test. Under torchrun, :func:`run_worker` makes the worker
+die with its torchrun agent and print its Python stacks on SIGUSR1, and
+:func:`init_distributed` meets the other ranks through the file that
+:func:`~gradaccum_lib.launcher.launch` names (no TCP store listening on every interface).
 """
 
 from __future__ import annotations
 
-import json
+import ctypes
+import faulthandler
 import os
-import re
-import shlex
 import signal
-import subprocess
 import sys
-import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
-
-from .runtime import check_positive_int
+from torch import nn
 
 __all__ = [
     "CommCounter",
     "DistributedContext",
-    "LaunchError",
-    "LaunchTimeout",
+    "full_value",
+    "gradient_sync_kind",
     "init_distributed",
-    "launch",
     "run_worker",
-    "torchrun_command",
 ]
+
+#: set by launch() for its run: the run id, the torchrun agent's pid (run_worker exits when
+#: that process is gone) and the FileStore file through which init_distributed meets
+RUN_ID_VARIABLE = "GRADACCUM_RUN_ID"
+AGENT_PID_VARIABLE = "GRADACCUM_AGENT_PID"
+STORE_FILE_VARIABLE = "GRADACCUM_STORE_FILE"
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _launch_variable(name: str) -> str | None:
+    """Return the variable ``name`` if launch() set it for THIS torchrun run, else None (a
+    torchrun started inside one of launch()'s workers inherits its variables)."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id is None or os.environ.get(RUN_ID_VARIABLE) != run_id:
+        return None
+    return os.environ.get(name)
 
 
 @dataclass(frozen=True)
@@ -60,8 +72,10 @@ class DistributedContext:
 
 def init_distributed(timeout_seconds: float = 60.0) -> DistributedContext:
     """Initialise the default process group from torchrun's environment (``RANK``,
-    ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``...): nccl when CUDA is present, gloo
-    otherwise, with a timeout. Without those variables, return a single-process context.
+    ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``...; the FileStore that launch() names
+    instead of a TCP store on rank 0): nccl when CUDA is present, gloo otherwise, with a
+    timeout; return where this process stands. Without those variables, return a
+    single-process context.
     """
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -73,9 +87,26 @@ def init_distributed(timeout_seconds: float = 60.0) -> DistributedContext:
         torch.cuda.set_device(device)
     else:
         backend, device = "gloo", torch.device("cpu")
-    if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_seconds))
+    if not dist.is_initialized():  # launch()'s runs meet through a file, not a TCP store
+        store_file = _launch_variable(STORE_FILE_VARIABLE)
+        init_method = Path(store_file).as_uri() if store_file else None  # None: env://
+        dist.init_process_group(backend, init_method=init_method, rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=timeout_seconds))
     return DistributedContext(rank, world_size, local_rank, device, backend)
+
+
+def gradient_sync_kind(model: nn.Module) -> str:
+    """Return how ``model`` synchronises gradients: ``"ddp"``, ``"fsdp2"`` or ``"none"``."""
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        return "ddp"
+    if callable(getattr(model, "set_requires_gradient_sync", None)):
+        return "fsdp2"
+    return "none"
+
+
+def full_value(tensor: torch.Tensor) -> torch.Tensor:
+    """Return the full value of a DTensor (an FSDP2 shard), else ``tensor`` itself."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 @dataclass
@@ -121,148 +152,62 @@ class CommCounter:
         return counts
 
 
-class LaunchError(RuntimeError):
-    """torchrun exited non-zero; ``rank_stderr`` maps each failing rank to its stderr tail and
-    ``root_cause_rank`` is the rank that failed on its own (not because a peer died), else the
-    one torchrun saw fail first (None if neither is known).
-    """
-
-    def __init__(self, message: str, returncode: int, rank_stderr: dict[int, str],
-                 root_cause_rank: int | None = None) -> None:
-        super().__init__(message)
-        self.returncode = returncode
-        self.rank_stderr = rank_stderr
-        self.root_cause_rank = root_cause_rank
+def _set_parent_death_signal() -> bool:
+    """Return True once the kernel will SIGKILL this process when the thread that started it
+    exits (Linux ``prctl(PR_SET_PDEATHSIG)``), False where that is not available."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
-#: what a rank prints when it fails only because ANOTHER rank died (a collective broke)
-PEER_FAILURE = re.compile(r"Connection closed by peer|Connection reset by peer|Timed out waiting|"
-                          r"DistNetworkError|remote worker crashing")
-ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", re.DOTALL)
+def _exit_orphaned(parent_pid: int) -> NoReturn:
+    """Exit this process at once (code 1): its parent ``parent_pid`` is gone."""
+    print(f"torchrun agent (pid {parent_pid}) is gone; worker {os.getpid()} exits",
+          file=sys.stderr, flush=True)
+    os._exit(1)
 
 
-class LaunchTimeout(LaunchError):
-    """torchrun did not finish within its timeout; its whole process group was killed."""
+def _watch_parent(parent_pid: int, poll_seconds: float = 0.5) -> threading.Thread:
+    """Start and return a daemon thread that exits the process once its parent is no longer
+    ``parent_pid``."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_seconds)
+        _exit_orphaned(parent_pid)
+
+    thread = threading.Thread(target=watch, name="gradaccum-parent-watchdog", daemon=True)
+    thread.start()
+    return thread
 
 
-def _rank_logs(log_dir: Path, name: str) -> dict[int, str]:
-    logs = {}
-    for path in sorted(log_dir.glob(f"**/{name}.log")):
-        try:
-            rank = int(path.parent.name)
-        except ValueError:
-            continue
-        logs[rank] = path.read_text(errors="replace")
-    return logs
-
-
-def _kill_group(process: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=5)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def launch(
-    module: str,
-    arguments: list[str],
-    *,
-    nproc_per_node: int = 2,
-    timeout_seconds: float = 300.0,
-    tail_chars: int = 3000,
-) -> dict:
-    """Run ``torchrun --standalone --nproc_per_node=N -m MODULE ARGUMENTS --json PATH`` in a
-    subprocess (own session, ``OMP_NUM_THREADS=1``) and return the JSON that rank 0 wrote.
-
-    Raises :class:`LaunchTimeout` (after killing every process of the run) when it takes
-    longer than ``timeout_seconds``, and :class:`LaunchError` with the failing ranks' stderr
-    tails when it exits non-zero.
-    """
-    check_positive_int("nproc_per_node", nproc_per_node)
-    if timeout_seconds <= 0:
-        raise ValueError(f"timeout_seconds must be > 0; got {timeout_seconds}")
-    with tempfile.TemporaryDirectory(prefix="gradaccum-launch-") as scratch:
-        scratch_path = Path(scratch)
-        json_path = scratch_path / "result.json"
-        log_dir = scratch_path / "logs"
-        command = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc_per_node={nproc_per_node}", f"--log-dir={log_dir}", "--redirects=3",
-            "-m", module, *arguments, "--json", str(json_path),
-        ]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True, start_new_session=True, env=env)
-        try:
-            _, launcher_stderr = process.communicate(timeout=timeout_seconds)
-        except subprocess.TimeoutExpired:
-            _kill_group(process)
-            process.communicate()
-            stderr = {r: log[-tail_chars:] for r, log in _rank_logs(log_dir, "stderr").items()}
-            raise LaunchTimeout(
-                f"torchrun {module} did not finish within {timeout_seconds:g} s; every process "
-                "of the run was killed", -signal.SIGKILL, stderr) from None
-        if process.returncode != 0:
-            logs = _rank_logs(log_dir, "stderr")
-            failing = {r: log[-tail_chars:] for r, log in logs.items() if "Traceback" in log}
-            failing = failing or {r: log[-tail_chars:] for r, log in logs.items()}
-            # the root cause: a rank that failed on its own, not because a peer died; else
-            # the rank torchrun observed failing first
-            own = sorted(r for r, log in failing.items() if not PEER_FAILURE.search(log))
-            match = ROOT_CAUSE.search(launcher_stderr)
-            root = own[0] if own else (int(match.group(1)) if match else None)
-            order = sorted(failing, key=lambda r: (r != root, r))  # the root cause first
-            details = "\n".join(f"--- rank {r} stderr (tail) ---\n{failing[r]}" for r in order)
-            if not details:
-                details = launcher_stderr[-tail_chars:]
-            raise LaunchError(
-                f"torchrun {module} exited with code {process.returncode}; first failing rank: "
-                f"{root}; ranks with errors: {sorted(failing)}\n{details}",
-                process.returncode, failing, root)
-        if not json_path.is_file():
-            raise LaunchError(f"torchrun {module} succeeded but rank 0 wrote no JSON",
-                              process.returncode, {})
-        return json.loads(json_path.read_text())
-
-
-def torchrun_command(
-    module: str,
-    arguments: list[str],
-    *,
-    nproc_per_node: int,
-    nnodes: int = 1,
-    rdzv_endpoint: str | None = None,
-    rdzv_id: str = "gradaccum",
-) -> str:
-    """Return the torchrun command line to run ``module`` on one node (``--standalone``) or,
-    the same line on every node, on ``nnodes`` nodes meeting at the c10d rendezvous
-    ``rdzv_endpoint`` (host:port of any one of them).
-    """
-    if nnodes < 1 or nproc_per_node < 1:
-        raise ValueError(f"nnodes and nproc_per_node must be >= 1; got {nnodes}, {nproc_per_node}")
-    if nnodes == 1:
-        launcher = ["--standalone"]
-    elif rdzv_endpoint is None:
-        raise ValueError("rdzv_endpoint (host:port) is required for more than one node")
-    else:
-        launcher = [f"--nnodes={nnodes}", "--rdzv-backend=c10d",
-                    f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
-    return shlex.join(["torchrun", *launcher, f"--nproc_per_node={nproc_per_node}",
-                       "-m", module, *arguments])
+def _exit_with_agent() -> None:
+    """Make this torchrun worker die with its agent (a SIGKILLed agent cannot stop it): the
+    parent-death signal on Linux (torchrun starts workers from its main thread), a watchdog
+    thread elsewhere; exit now if the agent is already gone."""
+    agent_pid = int(_launch_variable(AGENT_PID_VARIABLE) or os.getppid())
+    if not _set_parent_death_signal():
+        _watch_parent(agent_pid)
+    if os.getppid() != agent_pid:  # the agent died before the signal was armed
+        _exit_orphaned(agent_pid)
 
 
 def run_worker(main: Callable[[], int]) -> None:
     """Run a torchrun worker's ``main`` and exit with its code, skipping the interpreter's
     finalisation when launched by torchrun: gloo's worker threads can abort the process
     during finalisation ("terminate called without an active exception", about one run in
-    ten here), after the work is done. ``main`` must destroy its process group first.
+    ten here), after the work is done. ``main`` must destroy its process group first. Under
+    torchrun the worker dies with its agent, and SIGUSR1 prints its Python stacks to stderr
+    (what :func:`~gradaccum_lib.launcher.launch` shows for the ranks that hang).
     """
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        _exit_with_agent()
+        if hasattr(signal, "SIGUSR1"):
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         code = main()
     except SystemExit as exit_:

@@ -97,6 +97,7 @@ DIAGNOSES: tuple[tuple[str, float, tuple[str, ...], tuple[str, ...], tuple[str, 
      ("既往尿路感染史",)),
 )
 
+
 LABELS: tuple[str, ...] = tuple(entry[0] for entry in DIAGNOSES)
 
 SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -114,6 +115,7 @@ _COURSES = (
     "症状反复发作", "症状持续不缓解", "症状逐渐加重", "休息后可稍缓解", "自服药物后效果不佳",
 )
 
+
 _UNITS = ("天", "周", "个月", "年")
 
 _FEBRILE = ("社区获得性肺炎", "急性阑尾炎", "泌尿系感染")
@@ -127,6 +129,7 @@ _COURSES_PLAN = ("当前治疗方案", "观察病情变化", "完善相关检查
 
 def _pick(rng: random.Random, items: Sequence[str], low: int, high: int) -> list[str]:
     return rng.sample(list(items), k=min(len(items), rng.randint(low, high)))
+
 
 def _emr_note(rng: random.Random, label: int) -> str:
     name, _, symptoms, signs, tests, drugs, history = DIAGNOSES[label]
@@ -175,6 +178,7 @@ def _emr_note(rng: random.Random, label: int) -> str:
                         f"继续{rng.choice(_COURSES_PLAN)}。")
     return "".join(sections)
 
+
 def generate_emr_corpus(num_records: int, seed: int) -> list[dict[str, object]]:
     """Return ``num_records`` synthetic EMR notes ``{"id", "text", "label", "diagnosis"}``,
     deterministic in ``seed``; classes are imbalanced by the priors in :data:`DIAGNOSES`.
@@ -189,6 +193,7 @@ def generate_emr_corpus(num_records: int, seed: int) -> list[dict[str, object]]:
                         "label": label, "diagnosis": LABELS[label]})
     return records
 
+
 def build_vocabulary(texts: Iterable[str]) -> list[str]:
     """Return the vocabulary: BERT's special tokens, every character of ``texts`` (sorted),
     and a ``##`` continuation piece for every non-CJK character (digits, letters, symbols),
@@ -198,8 +203,10 @@ def build_vocabulary(texts: Iterable[str]) -> list[str]:
     pieces = [f"##{char}" for char in characters if not _is_cjk(char)]
     return [*SPECIAL_TOKENS, *characters, *pieces]
 
+
 def _is_cjk(char: str) -> bool:
     return 0x4E00 <= ord(char) <= 0x9FFF or 0x3400 <= ord(char) <= 0x4DBF
+
 
 def write_emr_corpus(directory: str | Path) -> dict[str, Path]:
     """Write the corpus splits as JSONL, ``vocab.txt`` and the datasheet ``README.md`` into
@@ -220,6 +227,7 @@ def write_emr_corpus(directory: str | Path) -> dict[str, Path]:
     written["datasheet"] = directory / "README.md"
     written["datasheet"].write_text(_datasheet(splits, len(vocabulary)), encoding="utf-8")
     return written
+
 
 def corpus_statistics(records: Sequence[Mapping[str, object]]) -> dict[str, object]:
     """Return counts per diagnosis and character-length quantiles of ``records``."""
@@ -242,6 +250,7 @@ def corpus_statistics(records: Sequence[Mapping[str, object]]) -> dict[str, obje
         "length_max": lengths[-1],
     }
 
+
 def _datasheet(splits: Mapping[str, Sequence[Mapping[str, object]]], vocab_size: int) -> str:
     stats = {name: corpus_statistics(records) for name, records in splits.items()}
     rows = "\n".join(
@@ -252,6 +261,8 @@ def _datasheet(splits: Mapping[str, Sequence[Mapping[str, object]]], vocab_size:
         f"| {name} | {s['records']} | {s['length_min']} | {s['length_median']} | "
         f"{s['length_p90']} | {s['length_max']} |" for name, s in stats.items()
     )
+    longest = 2 + max(len("".join(str(r["text"]).split()))
+                      for records in splits.values() for r in records)
     seeds = ", ".join(f"{n} = {size} notes (seed {seed})" for n, (size, seed) in SPLITS.items())
     return f"""# EMR corpus: datasheet
 
@@ -285,6 +296,12 @@ pieces for non-CJK characters).
 | split | notes | min | median | 90th percentile | max |
 |---|---|---|---|---|---|
 {lengths}
+
+In tokens: the vocabulary holds one token per character (CJK characters, and `##` pieces for
+the others), so a note is its count of non-space characters plus `[CLS]` and `[SEP]`: the
+longest note is {longest} tokens (a test checks this with the shipped tokenizer). The article
+this series answers uses records of 512 tokens; `python -m gradaccum_lib.train --max-length
+512` pads these notes to that length.
 
 ## License
 

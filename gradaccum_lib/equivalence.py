@@ -9,17 +9,32 @@ alias a ``.grad``.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from .batches import Batch, LossFn, check_loss_output, concatenate_micro_batches
+from .batches import (
+    Batch,
+    LossFn,
+    as_micro_batch_list,
+    check_loss_output,
+    concatenate_micro_batches,
+)
+from .gradients import (
+    Gradients,
+    check_finite_gradients,
+    check_gradient_dict,
+    collected_gradients,
+    flatten_gradients,
+    inputs_untouched,
+    max_gradient_difference,
+    model_restored,
+)
 from .losses import info_nce_from_embeddings
-
-Gradients = dict[str, Tensor]
+from .runtime import check_number
 
 __all__ = [
     "AuditResult",
@@ -37,42 +52,6 @@ __all__ = [
 ]
 
 
-@contextmanager
-def model_restored(model: nn.Module) -> Iterator[None]:
-    """Clear ``.grad`` for the body; afterwards restore grads, buffers and modes."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
-    parameters = list(model.named_parameters())
-    saved_grads = {name: parameter.grad for name, parameter in parameters}
-    saved_buffers = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
-    saved_modes = [(module, module.training) for module in model.modules()]
-    for _, parameter in parameters:
-        parameter.grad = None
-    try:
-        yield
-    finally:
-        for name, parameter in parameters:
-            parameter.grad = saved_grads[name]
-        with torch.no_grad():
-            for name, buffer in model.named_buffers():
-                buffer.copy_(saved_buffers[name])
-        for module, training in saved_modes:
-            module.training = training
-
-
-def collected_gradients(model: nn.Module, divisor: float) -> Gradients:
-    """Each trainable parameter's ``.grad`` / ``divisor`` (zeros where none arrived), cloned."""
-    gradients = {}
-    for name, parameter in model.named_parameters():
-        if not parameter.requires_grad:
-            continue
-        if parameter.grad is None:
-            gradients[name] = torch.zeros_like(parameter)
-        else:
-            gradients[name] = parameter.grad.detach() / divisor
-    return gradients
-
-
 def _backward(loss: Tensor, micro_step: int) -> None:
     if not loss.requires_grad:
         raise ValueError(
@@ -82,14 +61,72 @@ def _backward(loss: Tensor, micro_step: int) -> None:
     loss.backward()
 
 
+def _check_callable(label: str, value: object, usage: str) -> None:
+    if not callable(value):
+        raise TypeError(f"{label} must be callable as {usage}; got {type(value).__name__}")
+
+
+def _check_model(model: object) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+
+
+def _check_loss_fn(loss_fn: object) -> None:
+    _check_callable("loss_fn", loss_fn, "loss_fn(model, batch) -> (summed_loss, num_items)")
+
+
 def full_batch_gradients(model: nn.Module, loss_fn: LossFn, batch: Batch) -> Gradients:
     """Return the gradient of the mean loss over ``batch``, computed in one forward/backward."""
-    with model_restored(model):
+    _check_loss_fn(loss_fn)
+    with model_restored(model), inputs_untouched([batch], model):
         summed_loss, num_items = check_loss_output(loss_fn(model, batch), 0)
         if num_items <= 0:
             raise ValueError("batch covers no items (loss_fn returned num_items == 0)")
         _backward(summed_loss / num_items, 0)
+        check_finite_gradients(model, 0)
         return collected_gradients(model, 1.0)
+
+
+def _check_window_items(total_items: float, micro_steps: int) -> None:
+    if total_items <= 0:
+        raise ValueError(
+            f"the window of {micro_steps} micro-batches covers no items "
+            "(every num_items was 0); there is no mean to take a gradient of"
+        )
+
+
+def _accumulate_in_float32(model: nn.Module, loss_fn: LossFn,
+                           micro_batches: list[Batch]) -> Gradients:
+    """16-bit models: each summed loss divided by one provisional normaliser, a power of two
+    near the window's item count (exact), each micro-batch's gradient added into float32, and
+    one rescale to the mean at the end (gradients are linear in the loss, so this is exact)."""
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    sums = {name: torch.zeros_like(p, dtype=torch.float32) for name, p in trainable}
+    total_items, provisional = 0.0, None
+    for micro_step, micro_batch in enumerate(micro_batches):
+        summed_loss, num_items = check_loss_output(loss_fn(model, micro_batch), micro_step)
+        if provisional is None:
+            provisional = 2.0 ** round(math.log2(max(num_items, 1.0) * len(micro_batches)))
+        if summed_loss.dtype in (torch.float16, torch.bfloat16):
+            summed_loss = summed_loss.float()
+        _backward(summed_loss / provisional, micro_step)
+        check_finite_gradients(model, micro_step)
+        for name, parameter in trainable:
+            if parameter.grad is not None:
+                sums[name] += parameter.grad.float()
+                parameter.grad = None
+        total_items += num_items
+    _check_window_items(total_items, len(micro_batches))
+    gradients = {}
+    for name, parameter in trainable:
+        gradients[name] = (sums[name] * (provisional / total_items)).to(parameter.dtype)
+        if not bool(torch.isfinite(gradients[name]).all()):
+            largest = sums[name].abs().max().item() * provisional / total_items
+            raise ValueError(
+                f"the mean gradient of parameter {name!r} does not fit in {parameter.dtype} "
+                f"(its largest entry is {largest:.4g}); compute it in float32"
+            )
+    return gradients
 
 
 def accumulated_gradients(
@@ -100,22 +137,24 @@ def accumulated_gradients(
     Each micro-batch is forwarded and backpropagated on its own (one graph alive at a time);
     the summed gradients are divided by the window's total item count, so the result is the
     gradient of the mean loss over every item in the window, however unevenly they are split.
+    A float16 model is accumulated at mean scale in float32 (raw sums would overflow); a
+    gradient that is NaN or infinite after any micro-batch is refused, naming the parameter.
+    ``micro_batches`` is a list of micro-batches (one bare batch is refused).
     """
-    with model_restored(model):
+    _check_loss_fn(loss_fn)
+    micro_batches = as_micro_batch_list(micro_batches)
+    with model_restored(model), inputs_untouched(micro_batches, model):
+        if not micro_batches:
+            raise ValueError("micro_batches is empty; it needs at least one micro-batch")
+        if any(p.dtype == torch.float16 for p in model.parameters() if p.requires_grad):
+            return _accumulate_in_float32(model, loss_fn, micro_batches)
         total_items = 0.0
-        micro_steps = 0
         for micro_step, micro_batch in enumerate(micro_batches):
             summed_loss, num_items = check_loss_output(loss_fn(model, micro_batch), micro_step)
             _backward(summed_loss, micro_step)
+            check_finite_gradients(model, micro_step)
             total_items += num_items
-            micro_steps += 1
-        if micro_steps == 0:
-            raise ValueError("micro_batches is empty; it needs at least one micro-batch")
-        if total_items <= 0:
-            raise ValueError(
-                f"the window of {micro_steps} micro-batches covers no items "
-                "(every num_items was 0); there is no mean to take a gradient of"
-            )
+        _check_window_items(total_items, len(micro_batches))
         return collected_gradients(model, total_items)
 
 
@@ -126,11 +165,12 @@ def averaged_micro_batch_gradients(
     gradient (``loss.mean() / k`` per micro-batch). Exact only when every micro-batch covers
     the same number of items.
     """
-    micro_batches = list(micro_batches)
+    _check_loss_fn(loss_fn)
+    micro_batches = as_micro_batch_list(micro_batches)
     if not micro_batches:
         raise ValueError("micro_batches is empty; it needs at least one micro-batch")
     accumulation_steps = len(micro_batches)
-    with model_restored(model):
+    with model_restored(model), inputs_untouched(micro_batches, model):
         for micro_step, micro_batch in enumerate(micro_batches):
             summed_loss, num_items = check_loss_output(loss_fn(model, micro_batch), micro_step)
             if num_items <= 0:
@@ -138,65 +178,8 @@ def averaged_micro_batch_gradients(
                     f"micro-batch {micro_step} covers no items, so its mean loss is undefined"
                 )
             _backward(summed_loss / num_items / accumulation_steps, micro_step)
+            check_finite_gradients(model, micro_step)
         return collected_gradients(model, 1.0)
-
-
-def _checked_pair(grads_a: Mapping[str, Tensor], grads_b: Mapping[str, Tensor]) -> None:
-    for label, grads in (("grads_a", grads_a), ("grads_b", grads_b)):
-        if not isinstance(grads, Mapping):
-            raise TypeError(
-                f"{label} must be a dict of parameter name -> Tensor; got {type(grads).__name__}"
-            )
-        if not grads:
-            raise ValueError(f"{label} is empty; it needs at least one gradient")
-    if set(grads_a) != set(grads_b):
-        only_a = sorted(set(grads_a) - set(grads_b))
-        only_b = sorted(set(grads_b) - set(grads_a))
-        raise ValueError(
-            "grads_a and grads_b must name the same parameters; "
-            f"only in grads_a: {only_a}, only in grads_b: {only_b}"
-        )
-    for name in grads_a:
-        if grads_a[name].shape != grads_b[name].shape:
-            raise ValueError(
-                f"gradient {name!r} has shape {tuple(grads_a[name].shape)} in grads_a but "
-                f"{tuple(grads_b[name].shape)} in grads_b"
-            )
-
-
-def _as_float64(tensor: Tensor) -> Tensor:
-    return tensor.detach().to(device="cpu", dtype=torch.float64)
-
-
-def max_gradient_difference(
-    grads_a: Mapping[str, Tensor], grads_b: Mapping[str, Tensor], *, relative: bool = False
-) -> float:
-    """Return max |a - b| over every parameter (in float64); with ``relative=True``, divided by
-    max |b|, so the result is a fraction of the largest gradient entry of ``grads_b``.
-    """
-    _checked_pair(grads_a, grads_b)
-    difference = max(
-        (_as_float64(grads_a[name]) - _as_float64(grads_b[name])).abs().max().item()
-        if grads_a[name].numel()
-        else 0.0
-        for name in grads_a
-    )
-    if not relative:
-        return difference
-    scale = max(
-        _as_float64(tensor).abs().max().item() if tensor.numel() else 0.0
-        for tensor in grads_b.values()
-    )
-    if scale == 0.0:
-        return 0.0 if difference == 0.0 else float("inf")
-    return difference / scale
-
-
-def flatten_gradients(grads: Mapping[str, Tensor]) -> Tensor:
-    """Return every gradient concatenated, in name order, as one float64 CPU vector."""
-    if not isinstance(grads, Mapping) or not grads:
-        raise ValueError("grads must be a non-empty dict of parameter name -> Tensor")
-    return torch.cat([_as_float64(grads[name]).reshape(-1) for name in sorted(grads)])
 
 
 def parameters_after_step(
@@ -207,6 +190,9 @@ def parameters_after_step(
     """Return the parameters one optimizer step from ``grads`` would produce, on a copy of
     ``model`` (the model itself is not touched).
     """
+    _check_model(model)
+    check_gradient_dict("grads", grads)
+    _check_callable("make_optimizer", make_optimizer, "make_optimizer(parameters) -> Optimizer")
     trial = copy.deepcopy(model)
     trainable = {name: p for name, p in trial.named_parameters() if p.requires_grad}
     if set(trainable) != set(grads):
@@ -215,8 +201,18 @@ def parameters_after_step(
             f"{sorted(set(trainable) - set(grads))}, unknown: {sorted(set(grads) - set(trainable))}"
         )
     for name, parameter in trainable.items():
-        parameter.grad = grads[name].detach().clone().to(parameter.dtype)
-    make_optimizer(trainable.values()).step()
+        grad = grads[name]
+        if grad.shape != parameter.shape:
+            raise ValueError(f"grads[{name!r}] has shape {tuple(grad.shape)} but the parameter "
+                             f"has shape {tuple(parameter.shape)}")
+        if not bool(torch.isfinite(grad).all()):
+            raise ValueError(f"grads[{name!r}] holds a NaN or an inf; refusing to step on it")
+        parameter.grad = grad.detach().clone().to(parameter.device, parameter.dtype)
+    optimizer = make_optimizer(trainable.values())
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError("make_optimizer must return a torch.optim.Optimizer; got "
+                        f"{type(optimizer).__name__}")
+    optimizer.step()
     return {name: parameter.detach().clone() for name, parameter in trial.named_parameters()}
 
 
@@ -248,19 +244,30 @@ def audit_update(
     loss_fn: LossFn,
     micro_batches: Sequence[Batch],
     make_optimizer: OptimizerFactory,
+    *,
+    max_grad_norm: float | None = None,
 ) -> AuditResult:
     """Run ONE optimizer step of an audited setup and compare its parameter update with the
     ground truth: the same optimizer stepped once from the full-batch gradient of the
     concatenated window (:func:`full_batch_gradients`, mean over every item).
 
-    ``step_fn(model_copy, micro_batches, make_optimizer)`` must build its optimizer with
-    ``make_optimizer`` and take exactly one step over the window; it gets a deep copy of
-    ``model``, which is never touched.
+    With ``max_grad_norm``, the truth's gradient is clipped to that norm first (what a large
+    batch with clipping does). ``step_fn(model_copy, micro_batches, make_optimizer)`` must
+    build its optimizer with ``make_optimizer`` and take exactly one step over the window; it
+    gets a deep copy of ``model``, which is never touched.
     """
-    micro_batches = list(micro_batches)
+    _check_callable("step_fn", step_fn, "step_fn(model, micro_batches, make_optimizer)")
+    _check_model(model)
+    if max_grad_norm is not None:
+        check_number("max_grad_norm", max_grad_norm, low=0, low_open=True)
+    micro_batches = as_micro_batch_list(micro_batches)
     window = concatenate_micro_batches(micro_batches)
     before = _parameter_vector(model)
     truth_gradients = full_batch_gradients(model, loss_fn, window)
+    if max_grad_norm is not None:  # the large batch clips once, with clip_grad_norm_'s formula
+        total_norm = torch.nn.utils.get_total_norm(list(truth_gradients.values()))
+        coefficient = torch.clamp(max_grad_norm / (total_norm + 1e-6), max=1.0)
+        truth_gradients = {name: g * coefficient for name, g in truth_gradients.items()}
     truth_parameters = parameters_after_step(model, truth_gradients, make_optimizer)
     true_update = torch.cat([
         truth_parameters[name].detach().to("cpu", torch.float64).reshape(-1)
@@ -290,10 +297,16 @@ def info_nce_cached_gradients(
     backpropagate those cached embedding gradients. Exact for deterministic encoders (with
     dropout, step 3 must replay step 1's random state).
     """
-    micro_batches = list(micro_batches)
+    check_number("temperature", temperature, low=0, low_open=True)
+    micro_batches = as_micro_batch_list(micro_batches)
     if not micro_batches:
         raise ValueError("micro_batches is empty; it needs at least one micro-batch")
-    with model_restored(model):
+    for index, pair in enumerate(micro_batches):
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2
+                and all(isinstance(t, Tensor) for t in pair)):
+            raise TypeError(f"micro_batches[{index}] must be a pair of Tensors (anchors, "
+                            f"positives); got {type(pair).__name__}")
+    with model_restored(model), inputs_untouched(micro_batches, model):
         with torch.no_grad():
             anchors = torch.cat([model(a) for a, _ in micro_batches])
             positives = torch.cat([model(p) for _, p in micro_batches])

@@ -22,8 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from .batches import Batch, LossFn, check_loss_output
-from .equivalence import model_restored
-from .runtime import check_positive_int
+from .gradients import model_restored
+from .runtime import check_choice, check_number, check_positive_int, is_int
 
 __all__ = [
     "activation_bytes",
@@ -35,6 +35,7 @@ __all__ = [
     "static_bytes",
     "tensor_bytes",
 ]
+
 
 Optimizer = Literal["sgd", "sgd_momentum", "adam", "adamw"]
 
@@ -75,12 +76,23 @@ class MemoryBreakdown:
         """Return the parts as a plain dict (plus ``total``)."""
         return {**asdict(self), "total": self.total}
 
+
 def tensor_bytes(tensors: Iterable[Tensor]) -> int:
     """Return the summed ``numel * element_size`` of ``tensors``."""
-    return sum(t.numel() * t.element_size() for t in tensors)
+    if isinstance(tensors, Tensor) or not isinstance(tensors, Iterable):
+        raise TypeError(f"tensors must be an iterable of Tensors (e.g. model.parameters()); got "
+                        f"{type(tensors).__name__}")
+    total = 0
+    for index, tensor in enumerate(tensors):
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"tensors[{index}] must be a Tensor; got {type(tensor).__name__}")
+        total += tensor.numel() * tensor.element_size()
+    return total
+
 
 def _storage_key(tensor: Tensor) -> int:
     return tensor.untyped_storage().data_ptr()
+
 
 def _byte_extent(tensor: Tensor) -> tuple[int, int]:
     """[start, end) bytes of its storage that ``tensor`` (possibly a view) can reach."""
@@ -91,12 +103,22 @@ def _byte_extent(tensor: Tensor) -> tuple[int, int]:
     last = sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride(), strict=True))
     return start, start + (last + 1) * size
 
+
 def activation_bytes(model: nn.Module, loss_fn: LossFn, batch: Batch,
                      *, autocast_dtype: torch.dtype | None = None) -> int:
     """Return the bytes autograd saves for backward in one forward pass of ``loss_fn`` on
     ``batch`` (parameters excluded, shared storages counted once, views counted by the part
     of their storage they reach). The model is left as found; no backward is run.
     """
+    if not isinstance(model, nn.Module) or next(model.parameters(), None) is None:
+        raise TypeError(f"model must be a torch.nn.Module with parameters; got "
+                        f"{type(model).__name__}")
+    if not callable(loss_fn):
+        raise TypeError("loss_fn must be callable as loss_fn(model, batch) -> (summed_loss, "
+                        f"num_items); got {type(loss_fn).__name__}")
+    if autocast_dtype not in (None, torch.float16, torch.bfloat16):
+        raise ValueError("autocast_dtype must be None, torch.float16 or torch.bfloat16; got "
+                         f"{autocast_dtype!r}")
     parameter_storages = {_storage_key(p) for p in model.parameters()}
     extents: dict[int, tuple[int, int]] = {}
 
@@ -121,12 +143,18 @@ def activation_bytes(model: nn.Module, loss_fn: LossFn, batch: Batch,
         del summed_loss
     return sum(end - start for start, end in extents.values())
 
+
 def static_bytes(
     model: nn.Module, optimizer: torch.optim.Optimizer | None = None
 ) -> dict[str, int]:
     """Return measured bytes of parameters, gradients (those present now) and optimizer state
     (state tensors present now; run a step first to create them).
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be None or a torch.optim.Optimizer; got "
+                        f"{type(optimizer).__name__}")
     parameters = list(model.parameters())
     state = []
     if optimizer is not None:
@@ -138,6 +166,7 @@ def static_bytes(
         "gradients": tensor_bytes(p.grad for p in parameters if p.grad is not None),
         "optimizer_state": tensor_bytes(state),
     }
+
 
 def memory_budget(
     num_parameters: int,
@@ -153,18 +182,13 @@ def memory_budget(
     holds whatever its batch, e.g. autocast's 16-bit weight copies) plus the measured bytes
     per sample times the micro-batch. The accumulation steps do not appear: that is the point.
     """
-    if not isinstance(num_parameters, int) or num_parameters < 0:
+    if not is_int(num_parameters) or num_parameters < 0:
         raise ValueError(f"num_parameters must be an int >= 0; got {num_parameters!r}")
-    if optimizer not in OPTIMIZER_STATES:
-        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATES)}; got {optimizer!r}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {sorted(PRECISIONS)}; got {precision!r}")
+    check_choice("optimizer", optimizer, OPTIMIZER_STATES)
+    check_choice("precision", precision, PRECISIONS)
     check_positive_int("micro_batch_size", micro_batch_size)
-    if activation_bytes_per_sample < 0 or activation_bytes_fixed < 0:
-        raise ValueError(
-            "activation_bytes_per_sample and activation_bytes_fixed must be >= 0; got "
-            f"{activation_bytes_per_sample} and {activation_bytes_fixed}"
-        )
+    check_number("activation_bytes_per_sample", activation_bytes_per_sample, low=0)
+    check_number("activation_bytes_fixed", activation_bytes_fixed, low=0)
     weight_bytes, grad_bytes, master_bytes = PRECISIONS[precision]
     return MemoryBreakdown(
         parameters=num_parameters * weight_bytes,
@@ -174,9 +198,19 @@ def memory_budget(
         activations=round(activation_bytes_fixed + activation_bytes_per_sample * micro_batch_size),
     )
 
+
 def cuda_peak_bytes(step: Callable[[], object], device: torch.device | str = "cuda") -> int | None:
     """Return the CUDA allocator's peak bytes while ``step()`` runs (None without CUDA)."""
-    if not torch.cuda.is_available() or torch.device(device).type != "cuda":
+    if not callable(step):
+        raise TypeError(f"step must be a callable taking no argument; got {type(step).__name__}")
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a device name or a torch.device; got {device!r}")
+    try:
+        device_type = torch.device(device).type
+    except RuntimeError:
+        raise ValueError(f"device must be a device name such as 'cuda' or 'cuda:1'; got "
+                         f"{device!r}") from None
+    if not torch.cuda.is_available() or device_type != "cuda":
         return None
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)

@@ -7,7 +7,14 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor, nn
 
-from .runtime import check_positive_int
+from .runtime import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_number,
+    check_positive_int,
+    check_seed,
+)
 
 if TYPE_CHECKING:  # transformers is imported only where a model is built
     from transformers import BertForMaskedLM, BertForSequenceClassification, GPT2LMHeadModel
@@ -24,6 +31,19 @@ __all__ = [
 Normalization = Literal["none", "batch", "layer"]
 
 
+def _check_dtype(dtype: object, label: str = "dtype") -> torch.dtype:
+    """A floating-point ``torch.dtype``, or a TypeError naming ``label``."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"{label} must be a floating-point torch.dtype (torch.float64, "
+                        f"torch.float32, torch.bfloat16, torch.float16); got {dtype!r}")
+    return dtype
+
+
+def _check_sizes(**sizes: object) -> None:
+    for label, value in sizes.items():
+        check_positive_int(label, value)
+
+
 def make_mlp(
     input_dim: int,
     hidden_dim: int,
@@ -37,14 +57,12 @@ def make_mlp(
     """Return Linear -> [BatchNorm|LayerNorm] -> Tanh -> [Dropout] -> Linear, initialised from
     ``seed`` (the same seed always gives the same weights).
     """
-    for label, value in (("input_dim", input_dim), ("hidden_dim", hidden_dim),
-                         ("output_dim", output_dim)):
-        check_positive_int(label, value)
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be in [0, 1); got {dropout}")
+    _check_sizes(input_dim=input_dim, hidden_dim=hidden_dim, output_dim=output_dim)
+    check_number("dropout", dropout, low=0, high=1, high_open=True)
     norms = {"none": None, "batch": nn.BatchNorm1d, "layer": nn.LayerNorm}
-    if normalization not in norms:
-        raise ValueError(f"normalization must be one of {sorted(norms)}; got {normalization!r}")
+    check_choice("normalization", normalization, norms)
+    check_seed(seed)
+    _check_dtype(dtype)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         layers: list[nn.Module] = [nn.Linear(input_dim, hidden_dim)]
@@ -70,6 +88,9 @@ class TokenTagger(nn.Module):
         seed: int = 0,
         dtype: torch.dtype = torch.float64,
     ) -> None:
+        _check_sizes(vocab_size=vocab_size, embedding_dim=embedding_dim, num_tags=num_tags)
+        check_seed(seed)
+        _check_dtype(dtype)
         super().__init__()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -101,6 +122,18 @@ def make_tiny_bert(
     """
     from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
 
+    _check_sizes(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers,
+                 num_heads=num_heads, max_length=max_length)
+    if masked_lm:
+        check_positive_int("num_labels", num_labels)
+    else:  # cross-entropy over a single class is identically zero
+        check_int("num_labels", num_labels, low=2)
+    if intermediate_size is not None:
+        check_positive_int("intermediate_size", intermediate_size)
+    check_number("dropout", dropout, low=0, high=1, high_open=True)
+    check_bool("masked_lm", masked_lm)
+    check_seed(seed)
+    _check_dtype(dtype)
     if hidden_size % num_heads:
         raise ValueError(
             f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})"
@@ -134,6 +167,14 @@ def make_tiny_causal_lm(
     """
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    _check_sizes(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers,
+                 num_heads=num_heads, max_length=max_length)
+    if hidden_size % num_heads:
+        raise ValueError(
+            f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})"
+        )
+    check_seed(seed)
+    _check_dtype(dtype)
     config = GPT2Config(
         vocab_size=vocab_size, n_positions=max_length, n_embd=hidden_size, n_layer=num_layers,
         n_head=num_heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0,
@@ -154,12 +195,27 @@ ROBERTA_WWM_EXT_LARGE: dict[str, int] = {
 }
 
 
+_BERT_SIZES = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+               "intermediate_size", "max_position_embeddings", "type_vocab_size"}
+
+
 def count_bert_parameters(config: dict[str, int], num_labels: int = 2) -> int:
     """Return the parameter count of a BERT sequence classifier with ``config``, built on the
     meta device (no memory is allocated, nothing is downloaded).
     """
     from transformers import BertConfig, BertForSequenceClassification
 
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a dict of BertConfig fields (e.g. "
+                        f"ROBERTA_WWM_EXT_LARGE); got {type(config).__name__}")
+    known = BertConfig().to_dict()
+    unknown = sorted(str(key) for key in config if key not in known)
+    if unknown:
+        raise ValueError(f"config holds keys that BertConfig does not know: {unknown} (a typo "
+                         "would be silently ignored)")
+    for key in _BERT_SIZES & set(config):
+        check_positive_int(f"config[{key!r}]", config[key])
+    check_positive_int("num_labels", num_labels)
     with torch.device("meta"):
         model = BertForSequenceClassification(BertConfig(**config, num_labels=num_labels))
     return sum(p.numel() for p in model.parameters())

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from .runtime import check_choice, check_number, check_positive_int
+
 __all__ = [
     "NoiseScaleTracker",
     "brute_force_noise_scale",
@@ -32,8 +34,13 @@ def noise_scale_estimates(small_squared_norm: float, big_squared_norm: float,
                           small_batch: float, big_batch: float) -> tuple[float, float]:
     """Return the unbiased estimates (|G|², tr Σ) from squared gradient norms measured at a
     small and a big batch size (McCandlish et al. 2018, appendix A.1)."""
-    if not 0 < small_batch < big_batch:
-        raise ValueError(f"need 0 < small_batch < big_batch; got {small_batch}, {big_batch}")
+    check_number("small_squared_norm", small_squared_norm, low=0)
+    check_number("big_squared_norm", big_squared_norm, low=0)
+    check_number("small_batch", small_batch, low=0, low_open=True)
+    check_number("big_batch", big_batch, low=0, low_open=True)
+    if not small_batch < big_batch:
+        raise ValueError(f"need 0 < small_batch < big_batch; got small_batch={small_batch}, "
+                         f"big_batch={big_batch}")
     squared_gradient = ((big_batch * big_squared_norm - small_batch * small_squared_norm)
                         / (big_batch - small_batch))
     trace = (small_squared_norm - big_squared_norm) / (1 / small_batch - 1 / big_batch)
@@ -61,13 +68,15 @@ class NoiseScaleTracker:
     _ema: tuple[float, float] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.smoothing < 1.0:
-            raise ValueError(f"smoothing must be in [0, 1); got {self.smoothing}")
+        check_number("smoothing", self.smoothing, low=0, high=1, high_open=True)
 
     def on_micro_step(self, parameters: list[nn.Parameter], micro_step: int,
                       num_items: float, provisional: float) -> None:
         """Record the squared norm of this micro-batch's mean-loss gradient."""
         current = _flat_gradient(parameters)
+        if micro_step != 0 and self._previous is None:
+            raise ValueError(f"micro_step {micro_step} came first; a window starts at micro_step 0 "
+                             "(attach the tracker before training starts)")
         if micro_step == 0:
             self._previous = torch.zeros_like(current)
             self._micro_squared, self._micro_items = [], []
@@ -102,22 +111,32 @@ class NoiseScaleTracker:
 def brute_force_noise_scale(per_sample_gradients: Tensor) -> float:
     """Return tr(Σ) / |G|² from per-sample gradients (rows): the ground truth the estimator
     is checked against."""
+    if not isinstance(per_sample_gradients, Tensor):
+        raise TypeError("per_sample_gradients must be a 2-dim Tensor (one row per sample); got "
+                        f"{type(per_sample_gradients).__name__}")
     if per_sample_gradients.dim() != 2 or len(per_sample_gradients) < 2:
-        raise ValueError("per_sample_gradients must be a 2-dim tensor with at least 2 rows")
+        raise ValueError("per_sample_gradients must be a 2-dim tensor with at least 2 rows; got "
+                         f"shape {tuple(per_sample_gradients.shape)}")
     g = per_sample_gradients.to(torch.float64)
+    if not bool(torch.isfinite(g).all()):
+        raise ValueError("per_sample_gradients holds a NaN or an inf")
     mean = g.mean(dim=0)
     trace = (g - mean).pow(2).sum(dim=1).mean()
-    return float(trace / mean.pow(2).sum())
+    squared_mean = mean.pow(2).sum()
+    if squared_mean == 0:
+        raise ValueError("per_sample_gradients average to exactly zero: |G|^2 = 0, so the noise "
+                         "scale tr(Sigma)/|G|^2 is undefined")
+    return float(trace / squared_mean)
 
 
 def scaled_learning_rate(base_lr: float, base_batch: int, batch: int, rule: str) -> float:
     """Return the learning rate for ``batch`` from one tuned at ``base_batch``: ``none``
     keeps it, ``linear`` scales it by batch/base (Goyal et al. 2017, arXiv:1706.02677),
     ``sqrt`` by its square root (the rule usually argued for Adam-type optimizers)."""
+    check_choice("rule", rule, ("none", "linear", "sqrt"))
+    check_number("base_lr", base_lr, low=0, low_open=True)
+    check_positive_int("base_batch", base_batch)
+    check_positive_int("batch", batch)
     ratio = batch / base_batch
     rules = {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}
-    if rule not in rules:
-        raise ValueError(f"rule must be one of {sorted(rules)}; got {rule!r}")
-    if base_lr <= 0 or base_batch < 1 or batch < 1:
-        raise ValueError("base_lr must be > 0 and both batch sizes >= 1")
     return base_lr * rules[rule]

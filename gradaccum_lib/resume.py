@@ -160,7 +160,7 @@ class ResumeState:
             "accumulation_steps": self.accumulation_steps, "world_size": self.world_size,
             "epoch": self.epoch, "windows_done": self.windows_done,
             "optimizer_steps": self.optimizer_steps, "history": self.history.as_dict(),
-            "ranks": ranks,
+            "common_normaliser": self._common_normaliser, "ranks": ranks,
         }
 
     def _check_state(self, state: Mapping[str, Any]) -> None:
@@ -168,7 +168,9 @@ class ResumeState:
         if state.get("format") != FORMAT:
             raise ValueError(f"checkpoint format is {state.get('format')!r}; this version of "
                              f"gradaccum reads format {FORMAT}")
-        problems = []
+        problems = [f"{key} must be an int >= 0; got {state.get(key)!r}"
+                    for key in ("epoch", "windows_done", "optimizer_steps")
+                    if not (isinstance(state.get(key), int) and state.get(key) >= 0)]
         for key, mine in (("accumulation_steps", self.accumulation_steps),
                           ("world_size", self.world_size),
                           ("optimizer_kind", type(self.optimizer).__name__),
@@ -226,7 +228,8 @@ class ResumeState:
         self.windows_done = int(state["windows_done"])
         self.optimizer_steps = int(state["optimizer_steps"])
         self.history = history
-        self._common_normaliser = None
+        # the same provisional scale as before the interruption: bit-identical rounding
+        self._common_normaliser = state.get("common_normaliser")
         torch.set_rng_state(own["cpu_rng_state"])
         if "cuda_rng_state" in own and torch.cuda.is_available():
             torch.cuda.set_rng_state(own["cuda_rng_state"])
@@ -263,6 +266,8 @@ class ResumeState:
         """Restore from a checkpoint file (verified, ``weights_only=True``) on every rank;
         raise :class:`~gradaccum_lib.checkpoints.CheckpointError` naming ``path`` when it is
         unreadable or does not fit this trainer."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a path (str or os.PathLike); got {type(path).__name__}")
         device = next(self.model.parameters()).device
         state = read_checkpoint(path, map_location="cpu" if self.sync_kind == "fsdp2" else device)
         try:

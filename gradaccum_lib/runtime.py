@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import random
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,7 +15,13 @@ import torch
 __all__ = [
     "PROFILES",
     "Profile",
+    "check_bool",
+    "check_choice",
+    "check_int",
+    "check_number",
     "check_positive_int",
+    "check_trainer_arguments",
+    "check_seed",
     "choose_device",
     "get_profile",
     "is_int",
@@ -67,7 +76,7 @@ def get_profile(name: str | None = None) -> Profile:
         name = os.environ.get("GRADACCUM_PROFILE") or (
             "gpu" if torch.cuda.is_available() else "cpu"
         )
-    if name not in PROFILES:
+    if not isinstance(name, str) or name not in PROFILES:
         raise ValueError(
             f"profile must be one of {sorted(PROFILES)} (argument or GRADACCUM_PROFILE); "
             f"got {name!r}"
@@ -75,10 +84,33 @@ def get_profile(name: str | None = None) -> Profile:
     return PROFILES[name]
 
 
+def _device(label: str, device: object) -> torch.device:
+    """``device`` as a ``torch.device``, or a ValueError/TypeError naming ``label``."""
+    if isinstance(device, torch.device):
+        return device
+    if not isinstance(device, str):
+        raise TypeError(f"{label} must be a device name such as 'cpu', 'cuda' or 'cuda:1', or a "
+                        f"torch.device; got {device!r} of type {type(device).__name__}")
+    try:
+        return torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"{label} must be a device name such as 'cpu', 'cuda', 'cuda:1' or "
+                         f"'mps'; got {device!r}") from None
+
+
 def choose_device(preferred: str | None = None) -> torch.device:
     """Return ``preferred`` if given, else the best available device: cuda > mps > cpu."""
     if preferred is not None:
-        return torch.device(preferred)
+        device = _device("preferred", preferred)
+        mps = getattr(torch.backends, "mps", None)
+        available = {"cuda": torch.cuda.is_available(),
+                     "mps": mps is not None and mps.is_available()}
+        missing_index = (device.type == "cuda" and device.index is not None
+                         and device.index >= torch.cuda.device_count())
+        if not available.get(device.type, True) or missing_index:
+            raise ValueError(f"preferred device {preferred!r} is not available on this machine; "
+                             "pass None to choose the best available one")
+        return device
     if torch.cuda.is_available():
         return torch.device("cuda")
     mps = getattr(torch.backends, "mps", None)
@@ -87,10 +119,17 @@ def choose_device(preferred: str | None = None) -> torch.device:
     return torch.device("cpu")
 
 
+def check_seed(seed: object, label: str = "seed") -> int:
+    """Return ``seed`` if it is an int in [0, 2**64) (what torch accepts), else raise."""
+    if not is_int(seed) or not 0 <= seed < 2**64:
+        raise ValueError(f"{label} must be a non-negative int; got {seed!r} (accepted: "
+                         "0 <= seed < 2**64)")
+    return seed
+
+
 def set_seed(seed: int) -> None:
     """Seed Python's, NumPy's and torch's (all devices') global generators with ``seed``."""
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int; got {seed!r}")
+    check_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -98,17 +137,20 @@ def set_seed(seed: int) -> None:
 
 def make_generator(seed: int, device: str | torch.device = "cpu") -> torch.Generator:
     """Return a fresh ``torch.Generator`` on ``device`` seeded with ``seed``."""
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int; got {seed!r}")
-    return torch.Generator(device=device).manual_seed(seed)
+    check_seed(seed)
+    device = _device("device", device)
+    try:
+        return torch.Generator(device=device).manual_seed(seed)
+    except RuntimeError as error:
+        raise ValueError(f"device {device} cannot hold a generator here: {error}") from None
 
 
 def make_deterministic(threads: int | None = 1) -> None:
     """Use deterministic algorithms (and ``threads`` intra-op threads unless None)."""
+    if threads is not None and (not is_int(threads) or threads < 1):
+        raise ValueError(f"threads must be a positive int or None; got {threads!r}")
     torch.use_deterministic_algorithms(True, warn_only=True)
     if threads is not None:
-        if not isinstance(threads, int) or threads < 1:
-            raise ValueError(f"threads must be a positive int or None; got {threads!r}")
         torch.set_num_threads(threads)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
@@ -124,3 +166,111 @@ def check_positive_int(label: str, value: object) -> int:
     if not is_int(value) or value < 1:
         raise ValueError(f"{label} must be a positive int; got {value!r}")
     return value
+
+
+def check_int(label: str, value: object, *, low: int | None = None,
+              high: int | None = None) -> int:
+    """Return ``value`` if it is an int (not a bool) in [low, high]; else a TypeError (wrong
+    type) or ValueError (out of range) naming ``label``, the value and the range."""
+    bounds = " ".join(part for part in (
+        f">= {low}" if low is not None and high is None else "",
+        f"<= {high}" if high is not None and low is None else "",
+        f"in [{low}, {high}]" if low is not None and high is not None else "") if part)
+    accepted = f"an int {bounds}".rstrip()
+    if not is_int(value):
+        raise TypeError(f"{label} must be {accepted}; got {value!r} of type "
+                        f"{type(value).__name__}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise ValueError(f"{label} must be {accepted}; got {value!r}")
+    return value
+
+
+def check_number(label: str, value: object, *, low: float | None = None,
+                 high: float | None = None, low_open: bool = False,
+                 high_open: bool = False) -> float:
+    """Return ``value`` as a float if it is a real number (bools and strings refused), finite,
+    and within the bounds (``*_open``: the bound itself is excluded); else a TypeError or
+    ValueError naming ``label``, the value and the accepted range."""
+    if low is not None and high is not None:
+        accepted = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+    elif low is not None:
+        accepted = f"{'>' if low_open else '>='} {low}"
+    elif high is not None:
+        accepted = f"{'<' if high_open else '<='} {high}"
+    else:
+        accepted = ""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{label} must be a number {accepted}".rstrip()
+                        + f"; got {value!r} of type {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{label} must be a finite number {accepted}".rstrip()
+                         + f"; got {value!r}")
+    if ((low is not None and (number < low or (low_open and number == low)))
+            or (high is not None and (number > high or (high_open and number == high)))):
+        raise ValueError(f"{label} must be {accepted}; got {value!r}")
+    return number
+
+
+def check_bool(label: str, value: object) -> bool:
+    """Return ``value`` if it is True or False, else a TypeError naming ``label``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{label} must be True or False; got {value!r} of type "
+                        f"{type(value).__name__}")
+    return value
+
+
+def check_choice(label: str, value: object, choices: Collection[str]) -> str:
+    """Return ``value`` if it is one of ``choices`` (strings), else a ValueError listing them."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{label} must be one of {sorted(choices)}; got {value!r}")
+    return value
+
+
+def check_trainer_arguments(model: object, loss_fn: object, optimizer: object,  # noqa: PLR0913
+                            scheduler: object, max_grad_norm: object, amp_dtype: object,
+                            progress: object, observers: object, track_grad_norm: object,
+                            sync_every_micro_step: object) -> None:
+    """Raise a TypeError or ValueError naming the first bad argument of AccumulationTrainer."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(f"model ({type(model).__name__}) has no trainable parameters; "
+                         "there is nothing to accumulate")
+    if not callable(loss_fn):
+        raise TypeError("loss_fn must be callable as loss_fn(model, micro_batch) -> "
+                        f"(summed_loss, num_items); got {type(loss_fn).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer; got "
+                        f"{type(optimizer).__name__}")
+    owned = {id(p) for p in model.parameters()}
+    strangers = sum(id(p) not in owned for g in optimizer.param_groups for p in g["params"])
+    if strangers:
+        raise ValueError(f"optimizer holds {strangers} parameter(s) that are not the "
+                         "model's; build it from model.parameters()")
+    if scheduler is not None and not (callable(getattr(scheduler, "step", None))
+                                      and getattr(scheduler, "optimizer", None) is optimizer):
+        raise ValueError("scheduler must be None or an LR scheduler built on this optimizer; "
+                         f"got {type(scheduler).__name__}")
+    if max_grad_norm is not None:
+        if isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float)):
+            raise TypeError(f"max_grad_norm must be a positive number or None; got "
+                            f"{max_grad_norm!r} of type {type(max_grad_norm).__name__}")
+        if not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
+            raise ValueError(f"max_grad_norm must be a finite number > 0 or None; got "
+                             f"{max_grad_norm!r}")
+    if amp_dtype not in (None, torch.bfloat16, torch.float16):
+        raise ValueError(
+            f"amp_dtype must be None, torch.bfloat16 or torch.float16; got {amp_dtype!r}")
+    check_bool("progress", progress)
+    check_bool("track_grad_norm", track_grad_norm)
+    check_bool("sync_every_micro_step", sync_every_micro_step)
+    if not isinstance(observers, (list, tuple)):
+        raise TypeError("observers must be a list or tuple of observer objects (with "
+                        "on_micro_step and on_window_end); got "
+                        f"{type(observers).__name__}")
+    for observer in observers:
+        if not all(callable(getattr(observer, name, None))
+                   for name in ("on_micro_step", "on_window_end")):
+            raise TypeError("each observer needs on_micro_step and on_window_end methods; "
+                            f"got {type(observer).__name__}")

@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 
 from .memory import Optimizer, Precision
 from .planning import (
+    AccumulationPlan,
     ClusterPlan,
     DdpStepModel,
     StepTimeModel,
@@ -22,6 +23,7 @@ from .planning import (
     plan_cluster,
 )
 from .plots import MIB, plot_accumulation_plan, plot_cluster_plan, plot_ddp_step
+from .runtime import check_int, check_number, check_positive_int
 
 __all__ = [
     "accumulation_explorer",
@@ -36,8 +38,20 @@ __all__ = [
 ]
 
 
+def _check_kind(label: str, value: object, kind: type, hint: str) -> None:
+    if not isinstance(value, kind):
+        raise TypeError(f"{label} must be a {kind.__name__} ({hint}); got {type(value).__name__}")
+
+
+def _check_slider(label: str, value: object, high: object, high_label: str) -> None:
+    """A slider's start value: an int in [1, high] (a slider would silently clamp it)."""
+    check_positive_int(high_label, high)
+    check_int(label, value, low=1, high=high)
+
+
 def figure_png(figure: Figure) -> bytes:
     """Return ``figure`` rendered as PNG bytes (in memory; no file is written)."""
+    _check_kind("figure", figure, Figure, "e.g. from gradaccum_lib.plots")
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=90)
     return buffer.getvalue()
@@ -45,6 +59,8 @@ def figure_png(figure: Figure) -> bytes:
 
 def describe_plan(plan, without) -> str:  # noqa: ANN001 - AccumulationPlan pair
     """Return a one-line summary of ``plan`` against one pass ``without`` accumulation."""
+    _check_kind("plan", plan, AccumulationPlan, "from plan_accumulation")
+    _check_kind("without", without, AccumulationPlan, "from plan_accumulation")
     return (
         f"effective batch {plan.effective_batch_size} = {plan.micro_batch_size} x "
         f"{plan.accumulation_steps}: {plan.memory.total / MIB:.2f} MiB "
@@ -70,6 +86,11 @@ def accumulation_explorer(
     summary line and a figure of memory and time, against the same effective batch in one pass.
     The figure is an Image widget re-rendered on every change, so it works in any front end.
     """
+    _check_kind("step_time", step_time, StepTimeModel, "e.g. from fit_step_time")
+    _check_slider("accumulation_steps", accumulation_steps, max_accumulation_steps,
+                  "max_accumulation_steps")
+    _check_slider("micro_batch_size", micro_batch_size, max_micro_batch_size,
+                  "max_micro_batch_size")
     steps = widgets.IntSlider(value=accumulation_steps, min=1, max=max_accumulation_steps,
                               description="accumulation steps k", continuous_update=False,
                               style={"description_width": "initial"})
@@ -100,6 +121,7 @@ def accumulation_explorer(
 
 def describe_cluster_plan(plan: ClusterPlan) -> str:
     """Return a one-line summary of a :class:`ClusterPlan`."""
+    _check_kind("plan", plan, ClusterPlan, "from plan_cluster")
     verdict = "fits" if plan.fits else "does NOT fit"
     return (f"effective batch {plan.effective_batch_size}; per device "
             f"{plan.memory.total / 2**30:.1f} GiB + {plan.reserved_bytes / 2**30:.1f} GiB reserve"
@@ -121,6 +143,22 @@ def cluster_explorer(
     :func:`plan_cluster`, with a summary line and a per-device memory figure. ``shapes`` maps
     each precision choice shown to the shape measured in it and its memory layout.
     """
+    if not isinstance(shapes, dict) or not shapes:
+        raise ValueError("shapes must be a non-empty dict of name -> (TransformerShape, "
+                         f"precision); got {shapes!r:.80}")
+    for name, entry in shapes.items():
+        if not (isinstance(entry, tuple) and len(entry) == 2
+                and isinstance(entry[0], TransformerShape) and isinstance(entry[1], str)):
+            raise TypeError(f"shapes[{name!r}] must be a pair (TransformerShape, precision); "
+                            f"got {type(entry).__name__}")
+    for label, value, low, high in (("num_layers", num_layers, 1, 96),
+                                    ("sequence_length", sequence_length, 32, 2048),
+                                    ("world_size", world_size, 1, 64),
+                                    ("micro_batch_size", micro_batch_size, 1, 64),
+                                    ("accumulation_steps", accumulation_steps, 1, 64)):
+        check_int(label, value, low=low, high=high)  # the slider's range
+    check_number("device_bytes", device_bytes, low=0, low_open=True)
+    check_number("reserved_bytes", reserved_bytes, low=0)
     def slider(value: int, low: int, high: int, description: str) -> widgets.IntSlider:
         return widgets.IntSlider(value=value, min=low, max=high, description=description,
                                  continuous_update=False, style={"description_width": "initial"})
@@ -153,6 +191,7 @@ def cluster_explorer(
 
 def describe_ddp_step(model: DdpStepModel, accumulation_steps: int) -> str:
     """Return a one-line summary of the step time with one sync per window vs every micro-step."""
+    _check_kind("model", model, DdpStepModel, "e.g. from fit_ddp_step_model")
     window = model.step_seconds(accumulation_steps, "window")
     every = model.step_seconds(accumulation_steps, "every")
     return (f"k={accumulation_steps}: communication {model.comm_fraction(accumulation_steps):.0%}"
@@ -170,6 +209,10 @@ def ddp_time_explorer(
 ) -> widgets.VBox:
     """Return sliders for k and for the communication share of a k = 1 step, driving
     :class:`DdpStepModel` (compute per micro-step as measured)."""
+    check_number("compute_per_micro_step", compute_per_micro_step, low=0, low_open=True)
+    check_number("comm_share", comm_share, low=0, high=0.95)  # the slider's range
+    _check_slider("accumulation_steps", accumulation_steps, max_accumulation_steps,
+                  "max_accumulation_steps")
     steps = widgets.IntSlider(value=accumulation_steps, min=1, max=max_accumulation_steps,
                               description="accumulation steps k", continuous_update=False,
                               style={"description_width": "initial"})
@@ -195,6 +238,7 @@ def describe_learning_rates(base_lr: float, base_batch: int, batch: int,
     """Return the learning rate each rule gives at ``batch`` and, where measured, the result."""
     from .noise import scaled_learning_rate
 
+    _check_kind("measured", measured, dict, "(batch, rule) -> measured result")
     parts = []
     for rule in ("none", "linear", "sqrt"):
         lr = scaled_learning_rate(base_lr, base_batch, batch, rule)
@@ -207,6 +251,15 @@ def learning_rate_explorer(base_lr: float, base_batch: int, batches: list[int],
                            measured: dict[tuple[int, str], float]) -> widgets.VBox:
     """Return a slider over effective batches showing each scaling rule's learning rate and
     the measured validation loss it gave."""
+    if not isinstance(batches, (list, tuple)) or not batches:
+        raise ValueError(f"batches must be a non-empty list of effective batch sizes; got "
+                         f"{batches!r}")
+    for index, batch in enumerate(batches):
+        check_positive_int(f"batches[{index}]", batch)
+    if base_batch not in batches:
+        raise ValueError(f"base_batch must be one of batches {list(batches)} (the slider starts "
+                         f"there); got {base_batch!r}")
+    describe_learning_rates(base_lr, base_batch, base_batch, measured)  # checks the rest
     slider = widgets.SelectionSlider(options=batches, value=base_batch,
                                      description="effective batch", continuous_update=False,
                                      style={"description_width": "initial"})

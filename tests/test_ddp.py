@@ -10,14 +10,28 @@ import sys
 import pytest
 
 from gradaccum_lib import ddp
-from gradaccum_lib.distributed import LaunchError, LaunchTimeout, launch
+from gradaccum_lib.launcher import LaunchError, LaunchTimeout, launch
 
 BASE = ["--accumulation-steps", "4", "--micro-batch-size", "4", "--steps", "3"]
 
 
-def _no_workers_left() -> bool:
-    found = subprocess.run(["pgrep", "-f", "gradaccum_lib.ddp"], capture_output=True, text=True)
-    return found.stdout.strip() == ""
+def _no_workers_left(error: LaunchError) -> bool:
+    """Return True if no process of the failed run still runs: neither a pid launch() recorded
+    (the agent and its workers) nor a descendant of this test. Other runs are not looked at."""
+    import psutil
+
+    def runs(pid: int) -> bool:  # a zombie awaiting its reaper, or a reused pid, does not
+        try:
+            process = psutil.Process(pid)
+            return process.status() != psutil.STATUS_ZOMBIE and any(
+                name in " ".join(process.cmdline())
+                for name in ("gradaccum_lib.ddp", "torch.distributed.run"))
+        except psutil.Error:
+            return False
+
+    assert len(error.process_ids) >= 3, error.process_ids  # the agent and both workers
+    own = [process.pid for process in psutil.Process().children(recursive=True)]
+    return not any(runs(pid) for pid in [*error.process_ids, *own])
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +71,13 @@ def test_a_failing_rank_raises_with_its_message_and_leaves_no_process():
         launch("gradaccum_lib.ddp", [*BASE, "--fail-on-rank", "1"], timeout_seconds=120)
     assert info.value.root_cause_rank == 1
     assert "deliberate failure on rank 1" in info.value.rank_stderr[1]
-    assert _no_workers_left()
+    assert _no_workers_left(info.value)
 
 
 def test_a_hanging_launch_is_killed_at_the_timeout():
-    with pytest.raises(LaunchTimeout, match="did not finish within 12 s"):
+    with pytest.raises(LaunchTimeout, match="did not finish within 12 s") as info:
         launch("gradaccum_lib.ddp", [*BASE, "--hang-on-rank", "0"], timeout_seconds=12)
-    assert _no_workers_left()
+    assert _no_workers_left(info.value)
 
 
 def test_launch_rejects_bad_arguments():

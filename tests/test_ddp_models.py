@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gradaccum_lib.distributed import launch, torchrun_command
+from gradaccum_lib.launcher import launch, torchrun_command
 from gradaccum_lib.planning import DdpStepModel, fit_ddp_step_model
 from gradaccum_lib.plots import plot_ddp_step
 from gradaccum_lib.widgets import ddp_time_explorer, describe_ddp_step

@@ -148,3 +148,36 @@ def test_tiny_causal_lm_honours_num_items_in_batch(tokenizer):
     summed_over_ten = model(**{**batch, "labels": labels}, num_items_in_batch=10).loss
     predicted = int((labels[:, 1:] != -100).sum())
     torch.testing.assert_close(summed_over_ten * 10, mean * predicted, rtol=1e-6, atol=0)
+
+
+def test_load_emr_split_skips_blank_lines_including_a_trailing_one(tmp_path):
+    lines = (DATA_DIR / "emr_test.jsonl").read_text(encoding="utf-8").splitlines()[:3]
+    (tmp_path / "emr_test.jsonl").write_text(
+        "\n" + lines[0] + "\n  \n" + "\n".join(lines[1:]) + "\n\n", encoding="utf-8")
+    records = load_emr_split("test", directory=tmp_path)
+    assert records == load_emr_split("test")[:3]
+
+
+def test_load_emr_split_names_the_file_and_the_line_of_a_bad_record(tmp_path):
+    lines = (DATA_DIR / "emr_test.jsonl").read_text(encoding="utf-8").splitlines()[:2]
+    bad = lines[1].replace('"label": ', '"label": 9') if '"label": ' in lines[1] else lines[1]
+    (tmp_path / "emr_test.jsonl").write_text(f"{lines[0]}\n\n{bad}\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"{tmp_path / 'emr_test.jsonl'}, line 3: 'label'"):
+        load_emr_split("test", directory=tmp_path)
+
+
+def test_shipped_vocabulary_passes_the_checks_and_a_broken_one_fails_at_load(tmp_path):
+    tokens = (DATA_DIR / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "vocab.txt").write_text("\n".join(t for t in tokens if t != "[MASK]") + "\n",
+                                        encoding="utf-8")
+    with pytest.raises(ValueError, match=r"vocab\.txt lacks the special tokens \['\[MASK\]'\]"):
+        load_tokenizer(tmp_path / "vocab.txt")
+
+
+def test_mask_tokens_leaves_a_boolean_attention_mask_untouched(tokenizer):
+    batch = encode_records(load_emr_split("validation")[:4], tokenizer, max_length=24)
+    batch = {**batch, "attention_mask": batch["attention_mask"].bool()}
+    before = batch["attention_mask"].clone()
+    mask_tokens(batch, mask_token_id=tokenizer.mask_token_id,
+                special_token_ids=tokenizer.all_special_ids, seed=0)
+    assert torch.equal(batch["attention_mask"], before)

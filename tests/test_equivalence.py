@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -246,3 +248,114 @@ def test_parameters_after_step_matches_a_manual_sgd_step(problem):
             model, {k: v for k, v in grads.items() if k != "0.bias"},
             lambda p: torch.optim.SGD(p, lr=0.1),
         )
+
+
+def test_max_gradient_difference_is_nan_when_either_side_has_a_nan_anywhere():
+    a = {"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.5, float("nan")])}
+    b = {"a": torch.tensor([1.0, 2.5]), "b": torch.tensor([0.5, 0.0])}
+    for relative in (False, True):  # Python's max() would drop a NaN after the first entry
+        assert np.isnan(max_gradient_difference(a, b, relative=relative))
+        assert np.isnan(max_gradient_difference(b, a, relative=relative))
+    infinite = {"a": torch.tensor([float("inf"), 0.0]), "b": torch.zeros(2)}
+    assert np.isnan(max_gradient_difference(infinite, infinite))  # inf - inf is not 0
+
+
+def _fp16_problem():
+    """An fp16 linear model whose per-micro-batch SUMMED gradients overflow float16 (each item
+    contributes about -61; 4096 of them are -2.5e5 > 65504) while the mean fits."""
+    layer = nn.Linear(4, 1).half()
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[0.25, -0.5, 0.125, 0.75]]))
+        layer.bias.fill_(0.5)
+    inputs = (torch.rand(8192, 4, generator=torch.Generator().manual_seed(0)) + 0.5).half()
+    targets = torch.full((8192, 1), 30.0)
+
+    def loss_fn(model, batch):
+        return ((model(batch[0]).float() - batch[1]) ** 2).sum(), len(batch[0])
+    return layer, loss_fn, (inputs, targets)
+
+
+def test_fp16_accumulation_is_exact_where_raw_sums_would_overflow():
+    layer, loss_fn, batch = _fp16_problem()
+    full = full_batch_gradients(layer, loss_fn, batch)
+    reference = copy.deepcopy(layer).double()
+    truth = full_batch_gradients(reference, lambda m, b: loss_fn(m, (b[0].double(), b[1])), batch)
+    for k in (1, 2, 4, 7):
+        accumulated = accumulated_gradients(
+            layer, loss_fn, split_into_micro_batches(batch, accumulation_steps=k))
+        assert all(g.dtype == torch.float16 and bool(torch.isfinite(g).all())
+                   for g in accumulated.values())
+        # within one float16 rounding of the float64 truth, as the full batch is
+        assert max_gradient_difference(accumulated, truth, relative=True) <= 2**-10
+        assert max_gradient_difference(accumulated, full, relative=True) <= 2**-10
+    assert max_gradient_difference(full, truth, relative=True) <= 2**-10
+    assert all(p.grad is None for p in layer.parameters())
+
+
+def test_fp16_raw_sums_would_have_overflowed():
+    layer, loss_fn, batch = _fp16_problem()
+    half = split_into_micro_batches(batch, accumulation_steps=2)[0]
+    summed, _ = loss_fn(layer, half)
+    summed.backward()  # what the unscaled sum of one micro-batch does in float16
+    assert not bool(torch.isfinite(layer.weight.grad).all())
+
+
+@pytest.mark.parametrize("function", [accumulated_gradients, averaged_micro_batch_gradients])
+@pytest.mark.parametrize(("bad_step", "count"), [(0, -1), (1, -1), (1, float("nan")),
+                                                 (1, "3"), (2, torch.ones(2))])
+def test_model_is_left_as_found_when_a_count_is_invalid(problem, function, bad_step, count):
+    model, batch = problem
+    for parameter in model.parameters():
+        parameter.grad = torch.full_like(parameter, 3.0)
+    grads_before = [p.grad for p in model.parameters()]
+    steps = []
+
+    def loss_fn(model, micro_batch):
+        summed, items = sample_classification_loss(model, micro_batch)
+        steps.append(None)
+        return summed, count if len(steps) - 1 == bad_step else items
+
+    with pytest.raises((ValueError, TypeError), match=f"at micro-batch {bad_step}"):
+        function(model, loss_fn, split_into_micro_batches(batch, accumulation_steps=3))
+    assert all(p.grad is g for p, g in zip(model.parameters(), grads_before, strict=True))
+    assert all(bool((p.grad == 3.0).all()) for p in model.parameters())
+
+
+def test_model_is_left_as_found_when_a_gradient_is_not_finite(problem):
+    model, batch = problem
+
+    def nan_gradient(model, micro_batch):  # a finite loss (0) whose gradient is NaN
+        return torch.sqrt((model(micro_batch[0]) ** 2).sum() * 0.0), len(micro_batch[0])
+
+    with pytest.raises(ValueError, match=r"gradient of parameter '0\.weight' is not finite"):
+        accumulated_gradients(model, nan_gradient, split_into_micro_batches(batch,
+                                                                            accumulation_steps=2))
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("kind", ["leaf", "view"])
+def test_inputs_that_require_grad_keep_their_grad(problem, kind):
+    model, (inputs, labels) = problem
+    inputs = inputs.clone().requires_grad_(True)
+    inputs.grad = torch.full_like(inputs, 5.0)
+    grad_before = inputs.grad
+    window = split_into_micro_batches((inputs, labels), accumulation_steps=3)
+    if kind == "leaf":  # each micro-batch its own leaf
+        window = [(x.detach().requires_grad_(True), y) for x, y in window]
+    reference = accumulated_gradients(
+        model, sample_classification_loss,
+        split_into_micro_batches((inputs.detach(), labels), accumulation_steps=3))
+    got = accumulated_gradients(model, sample_classification_loss, window)
+    full_batch_gradients(model, sample_classification_loss, (inputs, labels))
+    averaged_micro_batch_gradients(model, sample_classification_loss, window)
+    assert max_gradient_difference(got, reference) == 0.0
+    assert inputs.grad is grad_before and bool((inputs.grad == 5.0).all())
+    if kind == "leaf":
+        assert all(x.grad is None for x, _ in window)
+
+
+def test_a_bare_tensor_is_refused_not_taken_row_by_row(problem):
+    model, (inputs, _) = problem
+    with pytest.raises(TypeError,
+                       match=r"micro_batches must be a list .* split_into_micro_batches.* Tensor"):
+        accumulated_gradients(model, lambda m, b: (m(b).sum(), len(b)), inputs)

@@ -103,7 +103,8 @@ def test_memory_budget_agrees_with_measurement_for_adamw():
         ({"optimizer": "lion"}, r"optimizer must be one of .* got 'lion'"),
         ({"precision": "fp8"}, r"precision must be one of .* got 'fp8'"),
         ({"micro_batch_size": 0}, r"micro_batch_size must be a positive int; got 0"),
-        ({"activation_bytes_per_sample": -1.0}, r"activation_bytes_per_sample and .* >= 0"),
+        ({"activation_bytes_per_sample": -1.0},
+         r"activation_bytes_per_sample must be >= 0; got -1.0"),
         ({"activation_bytes_fixed": -1.0}, r"activation_bytes_fixed must be >= 0"),
     ],
 )

@@ -174,7 +174,8 @@ def test_windows_of_groups_and_keeps_the_partial_tail():
     ("kwargs", "error", "message"),
     [
         ({"accumulation_steps": 0}, ValueError, "accumulation_steps must be a positive int; got 0"),
-        ({"accumulation_steps": 2, "max_grad_norm": 0.0}, ValueError, "max_grad_norm must be a finite number > 0"),
+        ({"accumulation_steps": 2, "max_grad_norm": 0.0}, ValueError,
+         "max_grad_norm must be a finite number > 0"),
         ({"accumulation_steps": 2, "amp_dtype": torch.float64}, ValueError, "amp_dtype must be"),
     ],
 )

@@ -12,7 +12,9 @@ GRADACCUM_REQUIRE_BROWSER=1 (as in CI), where a missing browser is a failure.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -102,7 +104,7 @@ def lab(tmp_path_factory):
                 os.killpg(server.pid, signal.SIGKILL)
                 pytest.fail("JupyterLab did not answer within 120 s")
             time.sleep(0.5)
-    yield url, token
+    yield url, token, workdir
     os.killpg(server.pid, signal.SIGTERM)  # the server and every kernel it started
     try:
         server.wait(timeout=20)
@@ -114,54 +116,204 @@ def lab(tmp_path_factory):
     assert leftovers.stdout.strip() == "", "processes left behind: " + leftovers.stdout
 
 
+# how long each stage may take: generous, for a 2-core machine busy with another job (notebooks
+# 04 and 05 then run for about a minute each); a stage that runs out fails saying what did not
+# happen, with what the page showed at that moment
+PAGE_LOAD_S = 180
+KERNEL_READY_S = 240
+CLEAR_S = 60
+RUN_STARTS_S = 90
+RUN_ALL_S = 600
+WIDGET_S = 120
+POLL_S = 0.5
+
+# what the notebook page shows, in one look: its code cells' prompts, outputs, kernel and dialog
+STATE_JS = """() => {
+    const notebook = document.querySelector('.jp-Notebook');
+    const prompts = notebook === null ? [] : [...notebook.querySelectorAll(
+        '.jp-CodeCell .jp-InputPrompt')].map(p => p.textContent.trim());
+    const errors = [...document.querySelectorAll(
+        ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")]
+        .map(o => o.textContent).filter(t => /Error|Traceback/.test(t));
+    const kernelName = document.querySelector('.jp-Toolbar-kernelName');
+    const dialog = document.querySelector('.jp-Dialog');
+    return {
+        prompts: prompts,
+        outputs: notebook === null ? 0
+            : notebook.querySelectorAll('.jp-CodeCell .jp-OutputArea-output').length,
+        active: notebook !== null && notebook.querySelector('.jp-Cell.jp-mod-active') !== null,
+        status: [...document.querySelectorAll('.jp-Notebook-ExecutionIndicator')]
+            .map(e => e.getAttribute('data-status')),
+        kernel: kernelName === null ? null : kernelName.textContent.trim(),
+        dialog: dialog === null ? null : dialog.innerText.trim(),
+        error: errors.length === 0 ? null : errors[0].slice(-800),
+    };
+}"""
+
+
+def _code_cells(path: Path) -> int:
+    return sum(cell["cell_type"] == "code" for cell in json.loads(path.read_text())["cells"])
+
+
+def _count(prompt: str) -> int | None:
+    """The execution count a prompt shows ("[12]:" -> 12), or None ("[ ]:", "[*]:")."""
+    match = re.fullmatch(r"\[(\d+)\]:?", prompt)
+    return int(match.group(1)) if match else None
+
+
+def _describe(state: dict, code_cells: int) -> str:
+    prompts = state["prompts"]
+    counted = sum(_count(p) is not None for p in prompts)
+    running = [i + 1 for i, p in enumerate(prompts) if "*" in p]
+    text = (f"the page shows {len(prompts)} of {code_cells} code cells, {counted} with an "
+            f"execution count, {state['outputs']} outputs; kernel {state['kernel']!r}, "
+            f"execution indicator {state['status'] or 'missing'}")
+    if running:
+        text += f"; [*] on code cells {running[:3]}{'...' if len(running) > 3 else ''}"
+    if state["dialog"]:
+        text += f"; a dialog is open: {state['dialog'][:200]!r}"
+    return text
+
+
+def _wait(page, code_cells: int, seconds: float, what: str, done) -> dict:  # noqa: ANN001
+    """Poll the page until done(state) is true; fail after `seconds`, saying `what` did not happen.
+
+    done may itself raise AssertionError to fail at once (a cell raised, an unexpected dialog).
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        state = page.evaluate(STATE_JS)
+        if done(state):
+            return state
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} within {seconds:.0f} s: {_describe(state, code_cells)}")
+        page.wait_for_timeout(POLL_S * 1000)
+
+
 def _menu(page, menu: str, item: str) -> None:  # noqa: ANN001
-    page.locator(".lm-MenuBar-itemLabel", has_text=menu).first.click()
-    page.locator(".lm-Menu-itemLabel", has_text=item).first.click()
+    """Click menu > item, matching both labels exactly ("Run All Cells", not "Restart ... Run
+    All Cells")."""
+    page.locator(".lm-MenuBar-itemLabel").filter(
+        has_text=re.compile(rf"^{re.escape(menu)}$")).first.click()
+    page.locator(".lm-Menu-itemLabel").filter(
+        has_text=re.compile(rf"^{re.escape(item)}$")).first.click()
 
 
-def _run_all_cells(page) -> None:  # noqa: ANN001
-    # the committed notebook already shows execution counts: clear them first, so that the
-    # wait below sees this session's execution, not the stored one
+def _accept_python_kernel(page) -> None:  # noqa: ANN001
+    """Answer JupyterLab's "Select Kernel" dialog with the Python 3 kernel, explicitly."""
+    dialog = page.locator(".jp-Dialog")
+    select = dialog.locator("select")
+    options = [text.strip() for text in select.locator("option").all_inner_texts()]
+    python = [text for text in options if text.startswith("Python 3")]
+    assert python, f"the Select Kernel dialog offers no Python 3 kernel: {options}"
+    select.select_option(label=python[0])
+    dialog.locator(".jp-Dialog-button.jp-mod-accept").click()
+    dialog.wait_for(state="detached", timeout=30_000)
+
+
+def _kernel_ready(page, code_cells: int) -> None:  # noqa: ANN001
+    """Wait until the notebook's kernel is started and idle, with no dialog in the way.
+
+    On a freshly started server the kernel may still be starting when the page is ready; Run
+    All then opens "Select Kernel" and runs nothing.
+    """
+    def ready(state: dict) -> bool:
+        if state["dialog"] is not None:
+            if state["dialog"].startswith("Select Kernel"):
+                _accept_python_kernel(page)
+                return False
+            raise AssertionError(f"an unexpected dialog is open: {state['dialog'][:300]!r}")
+        return (bool(state["status"]) and all(s == "idle" for s in state["status"])
+                and (state["kernel"] or "").startswith("Python 3"))
+
+    _wait(page, code_cells, KERNEL_READY_S, "the Python 3 kernel did not become idle", ready)
+
+
+def _run_all_cells(page, code_cells: int) -> list[int]:  # noqa: ANN001
+    """Clear every output, Run All, and wait until every code cell has run in this session.
+
+    Returns the execution counts. Every wait fails when nothing ran: the outputs and execution
+    counts are cleared first, so only a fresh execution can number all `code_cells` cells.
+    """
+    _wait(page, code_cells, PAGE_LOAD_S, "the notebook did not finish loading",
+          lambda s: len(s["prompts"]) == code_cells and s["active"])
+    _kernel_ready(page, code_cells)
     _menu(page, "Edit", "Clear Outputs of All Cells")
-    page.wait_for_function(
-        """() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
-                 .every(p => !/\\d/.test(p.textContent))""", timeout=30_000)
+    _wait(page, code_cells, CLEAR_S, "Clear Outputs of All Cells did not clear the notebook",
+          lambda s: len(s["prompts"]) == code_cells and s["outputs"] == 0
+          and all(_count(p) is None and "*" not in p for p in s["prompts"]))
+    _kernel_ready(page, code_cells)  # clearing must not have disturbed it
     _menu(page, "Run", "Run All Cells")
-    # done when every code cell shows an execution count (none [*] or [ ]), or a cell failed
-    page.wait_for_function(
-        """() => {
-            const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')];
-            const failed = document.querySelector(
-                ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']");
-            const done = prompts.length > 0
-                && prompts.every(p => /\\[\\d+\\]/.test(p.textContent));
-            return done || (failed !== null && /Error|Traceback/.test(failed.textContent));
-        }""", timeout=300_000)
+
+    def no_dialog_or_error(state: dict) -> None:
+        if state["dialog"] is not None:
+            raise AssertionError(f"a dialog opened after Run All: {state['dialog'][:300]!r}")
+        if state["error"] is not None:
+            raise AssertionError(f"a cell raised: {state['error']}")
+
+    def started(state: dict) -> bool:
+        no_dialog_or_error(state)
+        return any("*" in p or _count(p) is not None for p in state["prompts"])
+
+    _wait(page, code_cells, RUN_STARTS_S, "Run All Cells queued no cell", started)
+
+    def finished(state: dict) -> bool:
+        no_dialog_or_error(state)
+        return (len(state["prompts"]) == code_cells
+                and all(_count(p) is not None for p in state["prompts"]))
+
+    state = _wait(page, code_cells, RUN_ALL_S, "Run All Cells did not execute every code cell",
+                  finished)
+    counts = [_count(p) for p in state["prompts"]]
+    assert all(a < b for a, b in zip(counts[:-1], counts[1:], strict=True)), (
+        f"the execution counts are not those of one Run All, in order: {counts}")
+    return counts
 
 
 @pytest.mark.parametrize(("notebook", "description", "typed", "has_figure"), CASES,
                          ids=[case[0] for case in CASES])
 def test_moving_a_slider_changes_the_widget(browser, lab, notebook, description, typed,
                                             has_figure):
-    url, token = lab
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    url, token, workdir = lab
+    code_cells = _code_cells(workdir / notebook)
+    assert code_cells > 0, f"{notebook} has no code cell"
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(WIDGET_S * 1000)
+    page.set_default_navigation_timeout(PAGE_LOAD_S * 1000)
     try:
         # a workspace of its own: only this notebook open, nothing restored
         page.goto(f"{url}/lab/workspaces/{Path(notebook).stem}/tree/{notebook}"
                   f"?reset&token={token}")
-        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
-        _run_all_cells(page)
+        _run_all_cells(page, code_cells)
         failures = [text for text in page.locator(
             ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
         ).all_inner_texts() if "Error" in text or "Traceback" in text]
         assert not failures, f"{notebook}: a cell raised: {failures[0][-500:]}"
         slider = page.locator(".widget-slider", has=page.locator(
             ".widget-label", has_text=description)).last
+        try:
+            slider.wait_for(state="visible")
+        except PlaywrightTimeout as error:
+            raise AssertionError(f"{notebook}: every cell ran, but no slider {description!r} "
+                                 f"appeared within {WIDGET_S} s") from error
         slider.scroll_into_view_if_needed()
         box = slider.locator("xpath=ancestor::div[contains(@class,'widget-vbox')][1]")
         label = box.locator(".widget-label:not(.widget-slider .widget-label)").last
-        before_text = label.inner_text()
         image = box.locator("img").first
+        # the widget's first drawing must be on the page before it is taken as "before"
+        try:
+            page.wait_for_function(
+                """([label, image]) => label.innerText.trim() !== ''
+                   && (image === null || (image.complete && image.naturalWidth > 0))""",
+                arg=[label.element_handle(), image.element_handle() if has_figure else None],
+                timeout=WIDGET_S * 1000)
+        except PlaywrightTimeout as error:
+            raise AssertionError(f"{notebook}: the widget's text or figure was not drawn "
+                                 f"within {WIDGET_S} s") from error
+        before_text = label.inner_text()
+        before_source = image.get_attribute("src") if has_figure else None
         before_image = image.screenshot() if has_figure else b""
         if typed is not None:
             readout = slider.locator(".widget-readout")
@@ -173,12 +325,28 @@ def test_moving_a_slider_changes_the_widget(browser, lab, notebook, description,
             track = slider.locator(".noUi-base").first
             size = track.bounding_box()
             track.click(position={"x": size["width"] - 2, "y": size["height"] / 2})
-        page.wait_for_function("([element, text]) => element.innerText !== text",
-                               arg=[label.element_handle(), before_text], timeout=30_000)
+        try:
+            page.wait_for_function("([element, text]) => element.innerText !== text",
+                                   arg=[label.element_handle(), before_text],
+                                   timeout=WIDGET_S * 1000)
+        except PlaywrightTimeout as error:
+            raise AssertionError(f"{notebook}: moving the slider did not change the widget's "
+                                 f"text within {WIDGET_S} s: {before_text!r}") from error
         assert label.inner_text() != before_text
         if has_figure:
-            page.wait_for_timeout(500)
-            assert image.screenshot() != before_image, f"{notebook}: the figure did not change"
+            # the kernel draws the figure after the text: wait for the new image, then compare
+            try:
+                page.wait_for_function(
+                    """([image, source]) => image.getAttribute('src') !== source
+                       && image.complete && image.naturalWidth > 0""",
+                    arg=[image.element_handle(), before_source], timeout=WIDGET_S * 1000)
+            except PlaywrightTimeout as error:
+                raise AssertionError(f"{notebook}: moving the slider did not redraw the figure "
+                                     f"within {WIDGET_S} s") from error
+            deadline = time.monotonic() + 30
+            while image.screenshot() == before_image:
+                assert time.monotonic() < deadline, f"{notebook}: the figure did not change"
+                page.wait_for_timeout(500)
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         slider.scroll_into_view_if_needed()
         page.screenshot(path=str(SCREENSHOTS / f"{Path(notebook).stem}.png"))

@@ -1,0 +1,295 @@
+"""The EMR case study as a job: fine-tune a BERT classifier with accumulation, anywhere.
+
+    python -m gradaccum_lib.train --accumulation-steps 4 --micro-batch-size 8 \\
+        --checkpoint-dir build/run --resume --json build/run/log.json
+    torchrun --standalone --nproc_per_node=2 --max-restarts=1 -m gradaccum_lib.train ...
+
+The same command runs as one process or under ``torchrun`` (gloo on CPU, nccl on CUDA), on
+one node or several. Every rank trains its ``DistributedSampler`` shard of the shipped EMR
+corpus (``set_epoch`` each epoch) with :class:`AccumulationTrainer`; rank 0 shows a progress
+bar, writes atomic checkpoints every ``--checkpoint-every`` windows and at each epoch's end,
+evaluates the whole validation split after each epoch (gathered across ranks, no sample
+counted twice), and writes ``final.pt`` (the model's ``state_dict``) and the JSON log. With
+``--resume`` a (re)started job continues from the latest checkpoint in ``--checkpoint-dir``:
+after torchrun restarts a lost worker's group, the run ends bit-for-bit where an uninterrupted
+one would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from .accumulation import AccumulationTrainer
+from .data import LABELS, encode_records, load_emr_split, load_tokenizer
+from .distributed import CommCounter, DistributedContext, init_distributed, run_worker
+from .losses import bert_classification_loss
+from .metrics import classification_scores, predict_classes
+from .models import make_tiny_bert
+from .runtime import get_profile, set_seed
+
+MODEL_SIZES = ("tiny", "base")
+AMP = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+CHECKPOINT, EPOCHS_LOG, FINAL = "checkpoint.pt", "epochs.json", "final.pt"
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive int; got {text}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0; got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0; got {text}")
+    return value
+
+
+def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Return the command line parsed and checked (argparse errors for bad flags)."""
+    profile = get_profile()
+    parser = argparse.ArgumentParser(prog="python -m gradaccum_lib.train",
+                                     description=__doc__.split("\n\n")[0])
+    add = parser.add_argument
+    add("--accumulation-steps", type=_positive_int, default=4)
+    add("--micro-batch-size", type=_positive_int, default=8)
+    add("--epochs", type=_positive_int, default=1)
+    add("--lr", type=_positive_float, default=5e-4)
+    add("--warmup-steps", type=_non_negative_int, default=0, help="in optimizer steps")
+    add("--max-grad-norm", type=_positive_float, default=1.0)
+    add("--amp", choices=tuple(AMP), default="none",
+        help="autocast: bf16 (CPU or GPU) or fp16 with GradScaler (CUDA only)")
+    add("--dtype", choices=tuple(DTYPES), default="float32",
+        help="parameter dtype (float64 for bit-exact comparisons)")
+    add("--seed", type=_non_negative_int, default=0,
+        help="model initialisation and sampler order; dropout uses seed + rank")
+    add("--dropout", type=float, default=0.1,
+        help="dropout probability (0: runs split differently over ranks give equal results)")
+    add("--model-size", choices=MODEL_SIZES, default="tiny",
+        help="tiny: sized by GRADACCUM_PROFILE; base: BERT-base (768 x 12 layers, for a GPU)")
+    add("--max-length", type=_positive_int, default=profile.max_length,
+        help="tokens per note (the article's records are 512)")
+    add("--train-samples", type=_positive_int, default=None, help="default: the whole split")
+    add("--validation-samples", type=_positive_int, default=None)
+    add("--checkpoint-dir", type=Path, default=None)
+    add("--checkpoint-every", type=_positive_int, default=None, help="windows")
+    add("--resume", action="store_true", help="continue from the checkpoint in the directory")
+    add("--json", type=Path, default=None, help="where rank 0 writes the log")
+    add("--no-progress", action="store_true")
+    add("--timeout", type=_positive_float, default=300.0, help="process-group timeout, s")
+    add("--window-delay", type=float, default=0.0, help=argparse.SUPPRESS)  # fault tests
+    arguments = parser.parse_args(argv)
+    if not 0.0 <= arguments.dropout < 1.0:
+        parser.error(f"--dropout must be in [0, 1); got {arguments.dropout}")
+    if arguments.max_length > 512:
+        parser.error(f"--max-length must be at most 512 (BERT's positions); got "
+                     f"{arguments.max_length}")
+    if arguments.max_length < 3:
+        parser.error("--max-length must be at least 3 ([CLS], a token, [SEP])")
+    if (arguments.checkpoint_every or arguments.resume) and arguments.checkpoint_dir is None:
+        parser.error("--checkpoint-every and --resume need --checkpoint-dir")
+    if arguments.amp == "fp16" and not torch.cuda.is_available():
+        parser.error("--amp fp16 needs CUDA (GradScaler); use --amp bf16 on a CPU")
+    return arguments
+
+
+class EncodedNotes(Dataset):
+    """Encoded notes (``input_ids``, ``attention_mask``, ``labels``) as a map-style dataset."""
+
+    def __init__(self, columns: dict[str, Tensor]) -> None:
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return len(self.columns["labels"])
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        return {key: column[index] for key, column in self.columns.items()}
+
+
+def build_model(arguments: argparse.Namespace, vocab_size: int) -> nn.Module:
+    """Return the classifier: the profile's tiny BERT or a BERT-base-sized one."""
+    profile = get_profile()
+    sizes = ({"hidden_size": profile.bert_hidden, "num_layers": profile.bert_layers,
+              "num_heads": profile.bert_heads} if arguments.model_size == "tiny" else
+             {"hidden_size": 768, "num_layers": 12, "num_heads": 12})
+    return make_tiny_bert(vocab_size, len(LABELS), **sizes, max_length=arguments.max_length,
+                          dropout=arguments.dropout, seed=arguments.seed,
+                          dtype=DTYPES[arguments.dtype])
+
+
+def warmup_then_linear(optimizer: torch.optim.Optimizer, warmup_steps: int,
+                       total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Return a schedule counted in OPTIMIZER steps: linear warm-up, then linear decay."""
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def evaluate(model: nn.Module, columns: dict[str, Tensor], ctx: DistributedContext,
+             micro_batch_size: int) -> dict[str, float]:
+    """Validation loss, accuracy and macro-F1 over the WHOLE split: rank r takes rows
+    r, r + W, ... (no padding, so nothing is counted twice) and the results are gathered."""
+    rows = torch.arange(ctx.rank, len(columns["labels"]), ctx.world_size)
+    mine = {key: column[rows].to(ctx.device) for key, column in columns.items()}
+    with torch.no_grad():
+        was_training = model.training
+        model.eval()
+        summed, count = bert_classification_loss(model, mine)
+        model.train(was_training)
+    predictions = predict_classes(model, mine, micro_batch_size=micro_batch_size)
+    parts = [(float(summed), float(count), predictions.cpu(), mine["labels"].cpu())]
+    if ctx.world_size > 1:
+        parts = [None] * ctx.world_size
+        dist.all_gather_object(parts, (float(summed), float(count), predictions.cpu(),
+                                       mine["labels"].cpu()))
+    scores = classification_scores(torch.cat([p[2] for p in parts]),
+                                   torch.cat([p[3] for p in parts]), len(LABELS))
+    return {"validation_loss": sum(p[0] for p in parts) / sum(p[1] for p in parts),
+            "accuracy": scores["accuracy"], "macro_f1": scores["macro_f1"],
+            "validation_samples": int(sum(p[1] for p in parts))}
+
+
+def _atomic_json(path: Path, payload: object) -> None:
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    temporary.write_text(json.dumps(payload, indent=1))
+    os.replace(temporary, path)
+
+
+def run(arguments: argparse.Namespace) -> dict:
+    """Train, evaluate and save; return the log (complete on rank 0)."""
+    ctx = init_distributed(arguments.timeout)
+    started = time.perf_counter()
+    set_seed(arguments.seed + ctx.rank)  # torch seeds itself randomly in each new process
+    tokenizer = load_tokenizer()
+    train_records = load_emr_split("train")[:arguments.train_samples]
+    validation_records = load_emr_split("validation")[:arguments.validation_samples]
+    dataset = EncodedNotes(encode_records(train_records, tokenizer, arguments.max_length))
+    validation = encode_records(validation_records, tokenizer, arguments.max_length)
+    base = build_model(arguments, len(tokenizer)).to(ctx.device)
+    counter = CommCounter()
+    model: nn.Module = base
+    if ctx.world_size > 1:
+        model = DistributedDataParallel(base)
+        model.register_comm_hook(None, lambda state, bucket: counter.hook(state, bucket))
+    sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank,
+                                 shuffle=True, seed=arguments.seed)
+    windows_per_epoch = -(-len(sampler) // (arguments.micro_batch_size
+                                            * arguments.accumulation_steps))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=arguments.lr)
+    trainer = AccumulationTrainer(
+        model, bert_classification_loss, optimizer,
+        accumulation_steps=arguments.accumulation_steps,
+        scheduler=warmup_then_linear(optimizer, arguments.warmup_steps,
+                                     arguments.epochs * windows_per_epoch),
+        max_grad_norm=arguments.max_grad_norm, amp_dtype=AMP[arguments.amp],
+        progress=not arguments.no_progress and ctx.is_main)
+    effective = arguments.micro_batch_size * arguments.accumulation_steps * ctx.world_size
+    directory = arguments.checkpoint_dir
+    checkpoint = directory / CHECKPOINT if directory else None
+    epochs_log: list[dict] = []
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    resumed_from = None
+    if directory is not None and ctx.is_main:
+        directory.mkdir(parents=True, exist_ok=True)
+    if arguments.resume and checkpoint.is_file():
+        trainer.load_checkpoint(checkpoint)
+        if (directory / EPOCHS_LOG).is_file():
+            epochs_log = json.loads((directory / EPOCHS_LOG).read_text())[:trainer.epoch]
+        resumed_from = {"epoch": trainer.epoch, "window": trainer.windows_done,
+                        "optimizer_steps": trainer.optimizer_steps}
+    if ctx.is_main:
+        print(f"effective batch = micro-batch {arguments.micro_batch_size} x k "
+              f"{arguments.accumulation_steps} x world {ctx.world_size} = {effective}; "
+              f"{windows_per_epoch} optimizer steps per epoch"
+              + (f"; resumed at {resumed_from} (restart {restarts})" if resumed_from else ""),
+              flush=True)
+
+    delay = arguments.window_delay
+    for epoch in range(trainer.epoch, arguments.epochs):
+        sampler.set_epoch(epoch)
+        loader = DataLoader(dataset, batch_size=arguments.micro_batch_size, sampler=sampler)
+        if delay:  # fault tests: slow windows leave time to kill a worker mid-epoch
+            trainer.observers = [_Delay(delay)]
+        every = arguments.checkpoint_every
+        trainer.train_epoch(loader, checkpoint_path=checkpoint if every else None,
+                            checkpoint_every=every)
+        epochs_log.append({"epoch": epoch, **evaluate(model, validation, ctx,
+                                                      arguments.micro_batch_size)})
+        if checkpoint is not None:  # the epoch boundary is a resume point too
+            trainer.save_checkpoint(checkpoint)
+            if ctx.is_main:
+                _atomic_json(directory / EPOCHS_LOG, epochs_log)
+    log = {
+        "world_size": ctx.world_size, "backend": ctx.backend,
+        "accumulation_steps": arguments.accumulation_steps,
+        "micro_batch_size": arguments.micro_batch_size, "effective_batch_size": effective,
+        "windows_per_epoch": windows_per_epoch, "restarts": restarts,
+        "resumed_from": resumed_from,
+        "steps": [{"loss": r.loss, "lr": r.learning_rate, "grad_norm": r.grad_norm,
+                   "items": r.items, "epoch": r.epoch} for r in trainer.history.records],
+        "epochs": epochs_log, "allreduce_bytes": counter.take()["bytes"],
+        "seconds": time.perf_counter() - started,
+    }
+    if ctx.is_main and directory is not None:
+        final = directory / FINAL
+        temporary = directory / f".{FINAL}.tmp-{os.getpid()}"
+        torch.save(base.state_dict(), temporary)
+        os.replace(temporary, final)
+        log["final"] = str(final)
+    return log
+
+
+class _Delay:
+    """An observer that sleeps once per window (fault tests only)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_micro_step(self, *_: object) -> None:
+        """Do nothing per micro-step."""
+
+    def on_window_end(self, *_: object) -> None:
+        """Sleep at the end of every window."""
+        time.sleep(self.seconds)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse, run, write the log on rank 0, and tear the process group down."""
+    arguments = parse_arguments(argv)
+    try:
+        log = run(arguments)
+        if (not dist.is_initialized() or dist.get_rank() == 0) and arguments.json:
+            arguments.json.parent.mkdir(parents=True, exist_ok=True)
+            _atomic_json(arguments.json, log)
+        if dist.is_initialized():
+            dist.barrier()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    run_worker(main)

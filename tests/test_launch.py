@@ -1,0 +1,217 @@
+"""launch() under failure: every process of a run dies with it (timeout, interrupt, killed
+agent), a timeout names the ranks that hung, and a run listens on loopback only.
+
+Each check looks at the processes of its OWN run (pids the run's workers wrote, pids launch
+recorded, the test's own process tree), never at the whole machine: other runs may share it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gradaccum_lib.launcher import LaunchTimeout, launch
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKERS = Path(__file__).resolve().parent / "workers"
+HANG = str(WORKERS / "hang.py")
+SLOW_TO_DIE = str(WORKERS / "slow_to_die.py")
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="process-tree checks read Linux /proc")
+
+
+def _running(pids: Iterable[int]) -> list[int]:
+    """Return the pids among ``pids`` that still run (a zombie awaiting its reaper does not)."""
+    running = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                running.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return running
+
+
+def _ready_pids(ready_dir: Path, names: Iterable[str], timeout_seconds: float) -> list[int]:
+    """Return the pids written to ``ready_dir/NAME`` for every name, waiting for the files."""
+    deadline = time.monotonic() + timeout_seconds
+    paths = [ready_dir / name for name in names]
+    while not all(path.exists() and path.read_text() for path in paths):
+        assert time.monotonic() < deadline, f"not ready: {sorted(os.listdir(ready_dir))}"
+        time.sleep(0.05)
+    return [int(path.read_text()) for path in paths]
+
+
+def _wait_until_gone(pids: list[int], timeout_seconds: float) -> float:
+    """Return the seconds until no pid of ``pids`` runs; fail after ``timeout_seconds``."""
+    start = time.monotonic()
+    while _running(pids):
+        assert time.monotonic() - start < timeout_seconds, f"still running: {_running(pids)}"
+        time.sleep(0.01)
+    return time.monotonic() - start
+
+
+def _kill(pids: Iterable[int]) -> None:
+    """SIGKILL whatever of ``pids`` still runs (a failed test's leftovers)."""
+    for pid in _running(pids):
+        try:
+            psutil.Process(pid).kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def test_workers_that_ignore_sigterm_are_killed_at_the_timeout(tmp_path):
+    # each rank AND its child (own session, not the agent's) ignore SIGTERM for good
+    names = ["rank-0", "rank-1", "rank-0-child", "rank-1-child"]
+    start = time.monotonic()
+    with pytest.raises(LaunchTimeout, match=r"did not finish within 6 s; ranks still running "
+                                            r"at the timeout: \[0, 1\]; every process of the "
+                                            r"run \(5\) was killed") as info:
+        launch(SLOW_TO_DIE, ["--ready-dir", str(tmp_path)], timeout_seconds=6)
+    seconds = time.monotonic() - start
+    started = _ready_pids(tmp_path, names, 0)
+    try:
+        assert set(started) <= set(info.value.process_ids)  # the children were recorded too
+        assert _running(info.value.process_ids) == []
+        assert info.value.unfinished_ranks == (0, 1)
+        assert seconds < 6 + 2 + 5  # the timeout, the SIGTERM grace, the SIGKILL
+    finally:
+        _kill(started)
+
+
+def test_an_interrupted_caller_leaves_no_process(tmp_path):
+    # Ctrl-C or "Interrupt kernel" in the caller: SIGINT, a KeyboardInterrupt in launch()
+    caller = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from gradaccum_lib.launcher import launch; "
+         "launch(sys.argv[1], ['--ready-dir', sys.argv[2]], timeout_seconds=120)",
+         SLOW_TO_DIE, str(tmp_path)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    started: list[int] = []
+    try:
+        started = _ready_pids(tmp_path, ["rank-0", "rank-1", "rank-0-child", "rank-1-child"],
+                              60)
+        run = [process.pid for process in psutil.Process(caller.pid).children(recursive=True)]
+        assert set(started) <= set(run)
+        caller.send_signal(signal.SIGINT)
+        _, caller_stderr = caller.communicate(timeout=30)
+        assert "KeyboardInterrupt" in caller_stderr
+        assert _running(run) == []
+    finally:
+        caller.kill()
+        _kill(started)
+
+
+def test_workers_die_with_a_killed_agent(tmp_path):
+    # a plain torchrun: only run_worker's parent-death signal can stop its workers
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         HANG, "--ready-dir", str(tmp_path), "--hang-ranks", "0,1",
+         "--json", str(tmp_path / "out.json")], cwd=ROOT, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    workers: list[int] = []
+    try:
+        workers = _ready_pids(tmp_path, ["rank-0", "rank-1"], 60)
+        assert all(psutil.Process(pid).ppid() == agent.pid for pid in workers)
+        agent.kill()
+        agent.wait()
+        assert _wait_until_gone(workers, 10) < 10  # measured: about 0.02 s
+    finally:
+        agent.kill()
+        agent.wait()
+        _kill(workers)
+
+
+def test_a_worker_exits_at_once_when_its_agent_is_already_gone():
+    # launch() tells its workers the agent's pid: one whose parent is another process exits
+    # (4194305 is above Linux's largest pid: no process has it)
+    run_id = "gradaccum-test"
+    worker = subprocess.run(
+        [sys.executable, "-c", "from gradaccum_lib.distributed import run_worker; "
+         "run_worker(lambda: 0)"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "TORCHELASTIC_RUN_ID": run_id, "GRADACCUM_RUN_ID": run_id,
+             "GRADACCUM_AGENT_PID": "4194305"})
+    assert worker.returncode == 1
+    assert "torchrun agent (pid 4194305) is gone" in worker.stderr
+
+
+def test_the_watchdog_exits_a_process_whose_parent_dies(tmp_path):
+    # the fallback where prctl(PR_SET_PDEATHSIG) is not available
+    ready = tmp_path / "child"
+    child_code = ("import os, sys, time; from gradaccum_lib.distributed import _watch_parent; "
+                  "_watch_parent(os.getppid(), 0.05); "
+                  "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)")
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time; "
+         "subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]]); time.sleep(60)",
+         child_code, str(ready)], cwd=ROOT)
+    child: list[int] = []
+    try:
+        child = _ready_pids(tmp_path, ["child"], 60)
+        parent.kill()
+        parent.wait()
+        assert _wait_until_gone(child, 5) < 5
+    finally:
+        parent.kill()
+        parent.wait()
+        _kill(child)
+
+
+def test_the_timeout_error_names_the_rank_that_hung(tmp_path):
+    # rank 0 finishes, rank 1 sleeps: only rank 1 is unfinished, and its stack says where
+    hang_line = next(number for number, line in enumerate(Path(HANG).read_text().splitlines(), 1)
+                     if "time.sleep(3600)" in line)
+    with pytest.raises(LaunchTimeout, match=r"ranks still running at the timeout: \[1\] \(the "
+                                            r"Python stacks of \[1\] end their stderr\)") as info:
+        launch(HANG, ["--ready-dir", str(tmp_path), "--hang-ranks", "1"], timeout_seconds=8)
+    assert info.value.unfinished_ranks == (1,)
+    assert (tmp_path / "rank-0").exists()
+    stack = info.value.rank_stderr[1]
+    assert "(most recent call first)" in stack
+    assert f'hang.py", line {hang_line} in main' in stack
+    assert f'hang.py", line {hang_line} in main' in str(info.value)
+    assert _running(info.value.process_ids) == []
+
+
+def test_a_run_listens_on_loopback_only(tmp_path):
+    release = tmp_path / "release"
+    result: dict = {}
+    before = {process.pid for process in psutil.Process().children(recursive=True)}
+    runner = threading.Thread(target=lambda: result.update(launch(
+        HANG, ["--ready-dir", str(tmp_path), "--process-group", "--release", str(release)],
+        timeout_seconds=60)))
+    runner.start()
+    run: list[psutil.Process] = []
+    try:
+        _ready_pids(tmp_path, ["rank-0", "rank-1"], 60)  # both ranks joined the process group
+        run = [process for process in psutil.Process().children(recursive=True)
+               if process.pid not in before]  # this run's agent and workers
+        assert len(run) == 3
+        listening = {process.pid: {(connection.laddr.ip, connection.laddr.port)
+                                   for connection in process.net_connections("inet")
+                                   if connection.status == psutil.CONN_LISTEN}
+                     for process in run}
+        addresses = {ip for sockets in listening.values() for ip, _ in sockets}
+        assert addresses == {"127.0.0.1"}, listening  # gloo's; no TCP store on any interface
+    finally:
+        release.touch()
+        runner.join(60)
+    assert result == {"world_size": "2"}
+    assert _running(process.pid for process in run) == []
+
+
+def test_a_timeout_before_any_worker_started_says_so():
+    with pytest.raises(LaunchTimeout, match=r"within 0.3 s; no worker had started; every "
+                                            r"process of the run \(1\) was killed") as info:
+        launch(HANG, ["--ready-dir", "unused"], timeout_seconds=0.3)
+    assert info.value.unfinished_ranks == ()
+    assert _running(info.value.process_ids) == []

@@ -1,0 +1,214 @@
+"""The EMR job under a real torchrun: a lost worker survived, two nodes rehearsed on loopback,
+bad checkpoints and flags refused. Every process a test starts is killed in its own cleanup,
+and only the test's own processes are ever inspected."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from gradaccum_lib.train import parse_arguments
+
+# 2 x 48 notes of 32 tokens, micro-batch 4, k = 2: 6 windows per epoch, 2 epochs, float64
+JOB = ["-m", "gradaccum_lib.train", "--train-samples", "96", "--validation-samples", "30",
+       "--max-length", "32", "--micro-batch-size", "4", "--accumulation-steps", "2",
+       "--epochs", "2", "--dtype", "float64", "--warmup-steps", "2", "--no-progress"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "GRADACCUM_PROFILE": "ci"}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _torchrun(launcher: list[str], job: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *launcher, *job],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=ENV, start_new_session=True)
+
+
+def _kill_tree(process: subprocess.Popen) -> None:
+    try:
+        family = [psutil.Process(process.pid), *psutil.Process(process.pid).children(True)]
+    except psutil.NoSuchProcess:
+        family = []
+    for member in family:
+        try:
+            member.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(family, timeout=10)
+    process.communicate()
+
+
+@pytest.fixture
+def started():
+    processes: list[subprocess.Popen] = []
+    yield processes
+    for process in processes:
+        _kill_tree(process)
+
+
+def _finish(process: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]:
+    out, err = process.communicate(timeout=timeout)
+    return process.returncode, out, err
+
+
+def _workers(process: subprocess.Popen) -> list[psutil.Process]:
+    return [child for child in psutil.Process(process.pid).children(recursive=True)
+            if "gradaccum_lib.train" in " ".join(child.cmdline())]
+
+
+def _wait_for(condition, timeout: float = 120.0) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the job did not reach the expected point in time")
+        time.sleep(0.05)
+
+
+def _final(directory: Path) -> dict:
+    return torch.load(directory / "final.pt", weights_only=True)
+
+
+def _equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("uninterrupted")
+    process = _torchrun(["--standalone", "--nproc_per_node=2"],
+                        [*JOB, "--checkpoint-dir", str(directory), "--json",
+                         str(directory / "log.json")])
+    try:
+        code, out, err = _finish(process)
+    finally:
+        _kill_tree(process)
+    assert code == 0, err[-3000:]
+    assert "effective batch = micro-batch 4 x k 2 x world 2 = 16" in out
+    return directory
+
+
+def test_uninterrupted_job_logs_steps_and_whole_split_validation(uninterrupted):
+    log = json.loads((uninterrupted / "log.json").read_text())
+    assert log["world_size"] == 2 and log["windows_per_epoch"] == 6
+    assert len(log["steps"]) == 12 and all(step["items"] == 16 for step in log["steps"])
+    assert [step["lr"] for step in log["steps"]][:3] == pytest.approx([2.5e-4, 5e-4, 5e-4])
+    assert [epoch["validation_samples"] for epoch in log["epochs"]] == [30, 30]
+    assert log["allreduce_bytes"] > 0 and log["restarts"] == 0
+
+
+def test_a_killed_worker_is_restarted_and_the_result_is_bit_identical(uninterrupted, tmp_path,
+                                                                      started):
+    job = [*JOB, "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "1", "--resume",
+           "--window-delay", "0.4", "--json", str(tmp_path / "log.json")]
+    process = _torchrun(["--standalone", "--nproc_per_node=2", "--max-restarts=1"], job)
+    started.append(process)
+    _wait_for(lambda: (tmp_path / "checkpoint.pt").is_file())
+    time.sleep(0.5)  # mid-epoch: windows 1 to 3 of epoch 0 are done
+    victim = next(worker for worker in _workers(process)
+                  if worker.environ().get("LOCAL_RANK") == "1")
+    killed_at = time.monotonic()
+    os.kill(victim.pid, signal.SIGKILL)
+    code, out, err = _finish(process)
+    total = time.monotonic() - killed_at
+    assert code == 0, err[-3000:]
+    log = json.loads((tmp_path / "log.json").read_text())
+    assert log["restarts"] == 1 and log["resumed_from"] is not None
+    assert (log["resumed_from"]["epoch"], log["resumed_from"]["window"]) != (0, 0)
+    assert _equal(_final(tmp_path), _final(uninterrupted))
+    reference = json.loads((uninterrupted / "log.json").read_text())
+    assert log["steps"] == reference["steps"] and log["epochs"] == reference["epochs"]
+    # detection + restart: from the kill until the restarted attempt's run() began
+    print(f"\nkill -> restarted job running: {total - log['seconds']:.1f} s")
+
+
+def test_without_restarts_a_killed_worker_ends_the_job_with_an_error(tmp_path, started):
+    job = [*JOB, "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "1",
+           "--window-delay", "0.4"]
+    process = _torchrun(["--standalone", "--nproc_per_node=2"], job)
+    started.append(process)
+    _wait_for(lambda: (tmp_path / "checkpoint.pt").is_file())
+    family = [psutil.Process(process.pid), *psutil.Process(process.pid).children(True)]
+    victim = next(worker for worker in _workers(process)
+                  if worker.environ().get("LOCAL_RANK") == "0")
+    killed_at = time.monotonic()
+    victim.kill()
+    code, _, err = _finish(process, timeout=90)
+    assert code != 0 and "SIGKILL" in err
+    gone, alive = psutil.wait_procs(family, timeout=10)
+    assert not alive, [p.pid for p in alive]
+    assert time.monotonic() - killed_at < 60
+
+
+def test_two_agents_on_loopback_equal_one_agent_with_two_processes(uninterrupted, tmp_path,
+                                                                   started):
+    port = _free_port()
+    job = [*JOB, "--checkpoint-dir", str(tmp_path)]
+    for node_rank in (0, 1):
+        started.append(_torchrun(
+            ["--nnodes=2", "--nproc_per_node=1", f"--node_rank={node_rank}",
+             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+             f"--rdzv-id=rehearsal-{port}"], job))
+    for process in started:
+        code, _, err = _finish(process)
+        assert code == 0, err[-3000:]
+    assert _equal(_final(tmp_path), _final(uninterrupted))
+
+
+def _single(job: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *job], capture_output=True, text=True, env=ENV,
+                          timeout=240)
+
+
+def test_a_checkpoint_of_another_k_or_world_size_is_refused_by_name(tmp_path, started):
+    first = _single([*JOB, "--epochs", "1", "--checkpoint-dir", str(tmp_path)])
+    assert first.returncode == 0, first.stderr[-3000:]
+    other_k = [arg if arg != "2" else "4" for arg in JOB]  # --accumulation-steps 4
+    refused = _single([*other_k, "--checkpoint-dir", str(tmp_path), "--resume"])
+    assert refused.returncode != 0
+    assert "accumulation_steps: checkpoint 2, trainer 4" in refused.stderr
+    assert str(tmp_path / "checkpoint.pt") in refused.stderr
+    process = _torchrun(["--standalone", "--nproc_per_node=2"],
+                        [*JOB, "--checkpoint-dir", str(tmp_path), "--resume"])
+    started.append(process)
+    code, _, err = _finish(process)
+    assert code != 0 and "world_size: checkpoint 1, trainer 2" in err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--accumulation-steps", "0"], "must be a positive int; got 0"),
+    (["--micro-batch-size", "x"], "invalid _positive_int value: 'x'"),
+    (["--max-length", "1024"], "--max-length must be at most 512"),
+    (["--lr", "-1"], "must be a finite number > 0; got -1"),
+    (["--resume"], "--resume need --checkpoint-dir"),
+    (["--amp", "fp8"], "invalid choice: 'fp8'"),
+    (["--model-size", "huge"], "invalid choice: 'huge'"),
+])
+def test_bad_flags_get_an_argparse_error(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        parse_arguments(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_datasheet_token_lengths_match_the_shipped_tokenizer():
+    from gradaccum_lib.data import load_emr_split, load_tokenizer
+    from gradaccum_lib.emr_corpus import DATA_DIR
+
+    tokenizer = load_tokenizer()
+    lengths = [len(tokenizer(record["text"])["input_ids"]) for split in
+               ("train", "validation", "test") for record in load_emr_split(split)]
+    datasheet = " ".join((DATA_DIR / "README.md").read_text().split())
+    assert f"the longest note is {max(lengths)} tokens" in datasheet
