@@ -6,8 +6,10 @@
 With ``set_requires_gradient_sync(False)`` (FSDP2's ``no_sync``) the backward pass skips the
 reduce-scatter, so each rank keeps the UNSHARDED gradient of every parameter until the window's
 last micro-batch: world_size times the bytes of the sharded gradient it holds when it syncs
-every micro-step. The probe reads the gradients FSDP2 holds (its parameter groups are internal
-API, stable for the pinned torch) after one backward each way. Rank 0 writes JSON.
+every micro-step. The probe trains one window of two micro-batches with the engine each way
+(once per window, and ``sync_every_micro_step=True``) and an observer reads the gradients
+FSDP2 holds after the first micro-step (its parameter groups are internal API, stable for the
+pinned torch). Rank 0 writes JSON.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .accumulation import AccumulationTrainer
 from .distributed import init_distributed, run_worker
+from .losses import sample_classification_loss
 from .models import make_mlp
 
 
@@ -40,6 +44,22 @@ def held_gradient_bytes(model: nn.Module) -> dict[str, int]:
     return held
 
 
+class HeldGradientProbe:
+    """An engine observer: the gradient bytes held after the window's first micro-step."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.held: dict[str, int] | None = None
+
+    def on_micro_step(self, parameters: object, micro_step: int, *_: object) -> None:
+        """Record what the rank holds after micro-step 0's backward."""
+        if micro_step == 0:
+            self.held = held_gradient_bytes(self.model)
+
+    def on_window_end(self, *_: object) -> None:
+        """Nothing at the window's end."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure both ways and write JSON on rank 0."""
     from torch.distributed.fsdp import fully_shard
@@ -53,20 +73,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ctx.world_size < 2:
         parser.error("run under torchrun with at least 2 processes")
     try:
-        model = make_mlp(arguments.input_dim, arguments.hidden_dim, 4, dtype=torch.float32)
-        for layer in (model[0], model[-1]):
-            fully_shard(layer)
-        fully_shard(model)
         generator = torch.Generator().manual_seed(ctx.rank)
         inputs = torch.randn(8, arguments.input_dim, generator=generator)
         labels = torch.randint(0, 4, (8,), generator=generator)
-        parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        results = {"world_size": ctx.world_size, "parameter_bytes": parameter_bytes}
-        for name, sync in (("no_sync", False), ("sync", True)):
-            model.zero_grad(set_to_none=True)
-            model.set_requires_gradient_sync(sync)
-            nn.functional.cross_entropy(model(inputs), labels).backward()
-            results[name] = held_gradient_bytes(model)
+        window = [(inputs[:4], labels[:4]), (inputs[4:], labels[4:])]
+        results: dict[str, object] = {"world_size": ctx.world_size}
+        for name, sync_every in (("no_sync", False), ("sync", True)):
+            model = make_mlp(arguments.input_dim, arguments.hidden_dim, 4, dtype=torch.float32)
+            for layer in (model[0], model[-1]):
+                fully_shard(layer)
+            fully_shard(model)
+            results["parameter_bytes"] = sum(p.numel() * p.element_size()  # DTensor: global
+                                             for p in model.parameters())
+            probe = HeldGradientProbe(model)
+            AccumulationTrainer(model, sample_classification_loss,
+                                torch.optim.SGD(model.parameters(), lr=0.1),
+                                accumulation_steps=2, progress=False, observers=[probe],
+                                sync_every_micro_step=sync_every).step_window(window)
+            results[name] = probe.held
         if ctx.is_main:
             with open(arguments.json, "w") as handle:
                 json.dump(results, handle)

@@ -220,7 +220,8 @@ class ResumeState:
             if self.scaler is not None:
                 self.scaler.load_state_dict(state["scaler"])
         except Exception as error:
-            self._restore_model_and_optimizer(*backup)
+            self._module().load_state_dict(backup[0])  # this rank's own (sharded) state
+            self.optimizer.load_state_dict(backup[1])
             raise ValueError(f"checkpoint could not be restored ({error}); the trainer was "
                              "rolled back to its state before the load") from error
         own = state["ranks"][self.rank]
