@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-stamp
 NOTEBOOK_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 GRADACCUM_PROFILE=ci
 LAB_PORT ?= 8888
 
-.PHONY: setup lab test test-browser notebooks lint bench clean
+.PHONY: setup lab test test-browser notebooks lint bench clean doctor site
 
 setup: $(STAMP)
 
@@ -19,9 +19,24 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $@
 
+# The notebooks are trusted first (signatures go to Jupyter's local database, the files are not
+# written), so that JupyterLab draws their stored widgets before anything runs. The profile is
+# the committed outputs' (`ci`) unless GRADACCUM_PROFILE says otherwise.
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(LAB_PORT) --no-browser \
+	@$(VENV)/bin/jupyter trust notebooks/*.ipynb
+	@profile="$${GRADACCUM_PROFILE:-ci}"; echo "make lab: GRADACCUM_PROFILE=$$profile" \
+		"(ci = the committed outputs' sizes; GRADACCUM_PROFILE=cpu|gpu make lab for others)"
+	GRADACCUM_PROFILE="$${GRADACCUM_PROFILE:-ci}" $(VENV)/bin/jupyter lab \
+		--notebook-dir=notebooks --port=$(LAB_PORT) --no-browser \
 		$$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+
+# What is set up and what is missing, one line per check (no install: it runs before one too)
+doctor:
+	@LAB_PORT=$(LAB_PORT) $$( [ -x $(PY) ] && echo $(PY) || echo $(PYTHON) ) scripts/doctor.py
+
+# A static HTML edition of the series (outputs and widget state embedded) in build/site/
+site: $(STAMP)
+	$(PY) scripts/build_site.py --out build/site
 
 test: $(STAMP)
 	$(NOTEBOOK_ENV) $(PY) -m pytest tests notebooks -m "not browser" --nbval \

@@ -11,14 +11,13 @@ import argparse
 import json
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from gradaccum_lib import split_into_micro_batches
 from gradaccum_lib.accumulation import AccumulationTrainer
 from gradaccum_lib.bench import time_interleaved
 from gradaccum_lib.data import make_toy_classification
-from gradaccum_lib.distributed import init_distributed, run_worker
+from gradaccum_lib.distributed import init_distributed, process_group_session, run_worker
 from gradaccum_lib.frameworks import bare_loop
 from gradaccum_lib.losses import sample_classification_loss
 from gradaccum_lib.models import make_mlp
@@ -37,7 +36,7 @@ def main() -> int:
     parser.add_argument("--json", required=True)
     arguments = parser.parse_args()
     ctx = init_distributed(120.0)
-    try:
+    with process_group_session():
         batch = make_toy_classification(256, 256, 4, seed=ctx.rank, dtype=torch.float32)
         rows = []
         for k in (1, 2, 4, 8, 16):
@@ -62,9 +61,6 @@ def main() -> int:
         if ctx.is_main:
             with open(arguments.json, "w") as handle:
                 json.dump({"rows": rows}, handle, indent=1)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
     return 0
 
 

@@ -120,7 +120,8 @@ class AccumulationTrainer(ResumeState):
     # ---------------------------------------------------------------------- the training loop
 
     def train_epoch(self, micro_batches: Iterable[Batch], *, max_windows: int | None = None,
-                    checkpoint_path: Any = None, checkpoint_every: int | None = None,
+                    checkpoint_path: str | os.PathLike | None = None,
+                    checkpoint_every: int | None = None,
                     ) -> TrainingHistory:
         """Train on one epoch of micro-batches; return the history so far.
 
@@ -163,7 +164,8 @@ class AccumulationTrainer(ResumeState):
             self.windows_done = index + 1
             self._remember_window(window)
             bar.update(1)
-            bar.set_postfix(loss=f"{record.loss:.4f}", lr=f"{record.learning_rate:.2e}")
+            bar.set_postfix(loss=f"{record.loss:.4f}", lr=f"{record.learning_rate:.2e}",
+                            refresh=False)  # redrawn by update, at most once a second
             if checkpoint_every is not None and self.windows_done % checkpoint_every == 0:
                 self.save_checkpoint(checkpoint_path)
         bar.close()
@@ -265,11 +267,15 @@ class AccumulationTrainer(ResumeState):
         raise, with no step taken, on a non-finite loss or a window without items."""
         losses = torch.stack([loss.to(torch.float64) for loss in summed_losses])
         finite = torch.isfinite(losses)
-        count_values = [float(c.item()) if isinstance(c, Tensor) else c for c in counts]
+        # two host syncs per window: the tensor counts, and (finite loss sum, bad count)
+        tensor_counts = [c.to(torch.float64) for c in counts if isinstance(c, Tensor)]
+        fetched = iter(torch.stack(tensor_counts).tolist() if tensor_counts else ())
+        count_values = [next(fetched) if isinstance(c, Tensor) else c for c in counts]
         for micro_step, count in enumerate(count_values):
             _check_count(count, micro_step)
-        bad_here = int((~finite).sum().item())
-        totals = [sum(count_values), float(losses[finite].sum().item()), float(bad_here)]
+        loss_sum, bad_here = torch.stack([torch.where(finite, losses, 0.0).sum(),
+                                          (~finite).sum().to(torch.float64)]).tolist()
+        totals = [sum(count_values), loss_sum, bad_here]
         if self.world_size > 1:
             packed = torch.tensor(totals, dtype=torch.float64, device=self._reduce_device)
             dist.all_reduce(packed)

@@ -42,7 +42,13 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from .accumulation import AccumulationTrainer
 from .batches import windows_of
 from .data import make_toy_classification, make_toy_token_batch
-from .distributed import CommCounter, DistributedContext, init_distributed, run_worker
+from .distributed import (
+    CommCounter,
+    DistributedContext,
+    init_distributed,
+    process_group_session,
+    run_worker,
+)
 from .equivalence import full_batch_gradients
 from .losses import sample_classification_loss, token_classification_loss
 from .models import TokenTagger, make_mlp
@@ -292,7 +298,7 @@ def run(arguments: argparse.Namespace) -> dict:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, run, print and write on rank 0, and tear the process group down."""
     arguments = parse_arguments(argv)
-    try:
+    with process_group_session():
         if arguments.sweep is None:
             results = run(arguments)
             summaries = [results]
@@ -311,11 +317,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f" max cross-rank difference {summary['max_cross_rank_difference']:.1e},"
                       f" vs single process {summary['max_difference_to_single_process']:.1e}",
                       flush=True)
-        if dist.is_initialized():
-            dist.barrier()  # only on success: a failed rank must not wait for the others
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
     return 0
 
 

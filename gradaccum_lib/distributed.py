@@ -18,7 +18,8 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -34,6 +35,7 @@ __all__ = [
     "full_value",
     "gradient_sync_kind",
     "init_distributed",
+    "process_group_session",
     "run_worker",
 ]
 
@@ -70,6 +72,24 @@ class DistributedContext:
         return self.rank == 0
 
 
+def _attempt_store(world_size: int, timeout: timedelta) -> dist.Store | None:
+    """The store of this restart attempt of a plain torchrun, or None (then ``env://``).
+
+    torch 2.13's agent shares ONE TCP store with its workers and keeps it across restarts
+    (``DynamicRendezvousHandler.next_rendezvous``), while the workers' side assumes a new store
+    per attempt and adds no prefix (``torch.distributed.rendezvous._create_c10d_store``). A
+    restarted group can then read the killed rank's gloo address from the previous attempt
+    and fail with "connectFullMesh ... Connection refused" (measured: 4 restarts out of 4
+    under load). A prefix per attempt keeps each attempt's keys apart.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                           world_size, is_master=False, timeout=timeout)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"/gradaccum/attempt_{attempt}", client)
+
+
 def init_distributed(timeout_seconds: float = 60.0) -> DistributedContext:
     """Initialise the default process group from torchrun's environment (``RANK``,
     ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``...; the FileStore that launch() names
@@ -88,10 +108,14 @@ def init_distributed(timeout_seconds: float = 60.0) -> DistributedContext:
     else:
         backend, device = "gloo", torch.device("cpu")
     if not dist.is_initialized():  # launch()'s runs meet through a file, not a TCP store
+        timeout = timedelta(seconds=timeout_seconds)
         store_file = _launch_variable(STORE_FILE_VARIABLE)
-        init_method = Path(store_file).as_uri() if store_file else None  # None: env://
-        dist.init_process_group(backend, init_method=init_method, rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=timeout_seconds))
+        if store_file:
+            dist.init_process_group(backend, init_method=Path(store_file).as_uri(), rank=rank,
+                                    world_size=world_size, timeout=timeout)
+        else:
+            dist.init_process_group(backend, store=_attempt_store(world_size, timeout),
+                                    rank=rank, world_size=world_size, timeout=timeout)
     return DistributedContext(rank, world_size, local_rank, device, backend)
 
 
@@ -107,6 +131,20 @@ def gradient_sync_kind(model: nn.Module) -> str:
 def full_value(tensor: torch.Tensor) -> torch.Tensor:
     """Return the full value of a DTensor (an FSDP2 shard), else ``tensor`` itself."""
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+@contextmanager
+def process_group_session() -> Iterator[None]:
+    """Wrap a torchrun worker's work: on success every rank meets at a barrier (none tears
+    down while another still needs it); in every case the process group is destroyed (a
+    failed rank must not wait for the others)."""
+    try:
+        yield
+        if dist.is_initialized():
+            dist.barrier()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 @dataclass

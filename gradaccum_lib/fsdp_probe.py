@@ -19,11 +19,10 @@ import json
 from collections.abc import Sequence
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from .accumulation import AccumulationTrainer
-from .distributed import init_distributed, run_worker
+from .distributed import init_distributed, process_group_session, run_worker
 from .losses import sample_classification_loss
 from .models import make_mlp
 
@@ -72,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ctx = init_distributed()
     if ctx.world_size < 2:
         parser.error("run under torchrun with at least 2 processes")
-    try:
+    with process_group_session():
         generator = torch.Generator().manual_seed(ctx.rank)
         inputs = torch.randn(8, arguments.input_dim, generator=generator)
         labels = torch.randint(0, 4, (8,), generator=generator)
@@ -94,9 +93,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ctx.is_main:
             with open(arguments.json, "w") as handle:
                 json.dump(results, handle)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
     return 0
 
 

@@ -32,7 +32,13 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from .accumulation import AccumulationTrainer
 from .data import LABELS, encode_records, load_emr_split, load_tokenizer
-from .distributed import CommCounter, DistributedContext, init_distributed, run_worker
+from .distributed import (
+    CommCounter,
+    DistributedContext,
+    init_distributed,
+    process_group_session,
+    run_worker,
+)
 from .losses import bert_classification_loss
 from .metrics import classification_scores, predict_classes
 from .models import make_tiny_bert
@@ -278,16 +284,11 @@ class _Delay:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, run, write the log on rank 0, and tear the process group down."""
     arguments = parse_arguments(argv)
-    try:
+    with process_group_session():
         log = run(arguments)
         if (not dist.is_initialized() or dist.get_rank() == 0) and arguments.json:
             arguments.json.parent.mkdir(parents=True, exist_ok=True)
             _atomic_json(arguments.json, log)
-        if dist.is_initialized():
-            dist.barrier()
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
     return 0
 
 

@@ -17,7 +17,12 @@ import torch.distributed as dist
 from gradaccum_lib.accumulation import AccumulationTrainer
 from gradaccum_lib.batches import split_into_micro_batches
 from gradaccum_lib.data import make_toy_classification
-from gradaccum_lib.distributed import full_value, init_distributed, run_worker
+from gradaccum_lib.distributed import (
+    full_value,
+    init_distributed,
+    process_group_session,
+    run_worker,
+)
 from gradaccum_lib.losses import sample_classification_loss
 from gradaccum_lib.models import make_mlp
 
@@ -42,7 +47,7 @@ def main() -> int:
     parser.add_argument("--json", required=True)
     arguments = parser.parse_args()
     ctx = init_distributed(60.0)
-    try:
+    with process_group_session():
         data = make_toy_classification(32, 8, 3, seed=ctx.rank)  # each rank its own shard
         micro_batches = split_into_micro_batches(data, micro_batch_size=4)  # 8 = 4 windows
         straight = _trainer()
@@ -60,9 +65,6 @@ def main() -> int:
                    "optimizer_steps": resumed.optimizer_steps}
         if ctx.is_main:
             Path(arguments.json).write_text(json.dumps(results))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
     return 0
 
 
