@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-stamp
 NOTEBOOK_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 GRADACCUM_PROFILE=ci
 LAB_PORT ?= 8888
 
-.PHONY: setup lab test test-browser notebooks lint bench clean doctor site
+.PHONY: setup lab test test-browser notebooks lint bench gpu-check clean doctor site
 
 setup: $(STAMP)
 
@@ -52,6 +52,10 @@ notebooks: $(STAMP)
 
 bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/run.py
+
+# on a machine with an NVIDIA GPU: the CUDA numbers (benchmarks/results-gpu.json, README-gpu.md)
+gpu-check: $(STAMP)
+	$(PY) scripts/gpu_check.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check gradaccum_lib tests scripts benchmarks notebooks conftest.py

@@ -5,7 +5,11 @@
 
 Every comparison runs in one process, the contenders interleaved round by round (order
 rotated), after a warm-up; medians with min-max are reported. These machines are noisy: the
-ratios are the result, not the absolute times.
+ratios are the result, not the absolute times. Memory is counted, not sampled: activation
+bytes (saved-tensor hooks) and the peak bytes of the tensors a step allocates
+(``tensor_peak_bytes``), the same to the byte on every run. The functions here take the
+model factory, loss and batch they measure, on any device: ``scripts/gpu_check.py`` (``make
+gpu-check``) imports them for the CUDA numbers.
 """
 
 from __future__ import annotations
@@ -14,17 +18,20 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
 from matplotlib.figure import Figure
+from torch import nn
 
 from gradaccum_lib import split_into_micro_batches
 from gradaccum_lib.accumulation import AccumulationTrainer
+from gradaccum_lib.batches import Batch, LossFn, batch_size
 from gradaccum_lib.bench import Timing, time_interleaved
+from gradaccum_lib.cluster import fit_transformer_activations
 from gradaccum_lib.data import (
     encode_records,
     load_emr_split,
@@ -34,11 +41,20 @@ from gradaccum_lib.data import (
 from gradaccum_lib.frameworks import accelerate_loop, bare_loop
 from gradaccum_lib.launcher import launch
 from gradaccum_lib.losses import bert_classification_loss, sample_classification_loss
-from gradaccum_lib.memory import activation_bytes
+from gradaccum_lib.memory import activation_bytes, tensor_peak_bytes
 from gradaccum_lib.models import make_mlp, make_tiny_bert
 
 HERE = Path(__file__).resolve().parent
 START, END = "<!-- results:start -->", "<!-- results:end -->"
+#: scripts/gpu_check.py writes its CUDA section between these in README-gpu.md
+GPU_START, GPU_END = "<!-- gpu-cuda-section:start -->", "<!-- gpu-cuda-section:end -->"
+#: the tiny BERT of the benchmarks (and of the notebooks' ci profile)
+TINY_BERT = {"hidden_size": 64, "num_layers": 2, "num_heads": 2}
+#: optimizers of the peak-memory columns: SGD (no state) and AdamW (foreach temporaries)
+PEAK_OPTIMIZERS: dict[str, Callable[[object], torch.optim.Optimizer]] = {
+    "sgd": lambda parameters: torch.optim.SGD(parameters, lr=1e-3),
+    "adamw": lambda parameters: torch.optim.AdamW(parameters, lr=1e-4),
+}
 
 
 def machine() -> dict:
@@ -57,25 +73,40 @@ def machine() -> dict:
 
 
 def summary(timing: Timing) -> dict:
+    """Return the median, min and max seconds of ``timing``."""
     return {"median": timing.median, "min": timing.min, "max": timing.max}
+
+
+def to_device(batch: Batch, device: torch.device | str) -> Batch:
+    """Return ``batch`` (a dict or tuple of tensors) with every tensor on ``device``."""
+    if isinstance(batch, dict):
+        return {key: value.to(device) for key, value in batch.items()}
+    return tuple(tensor.to(device) for tensor in batch)
 
 
 # ----------------------------------------------------------------------------- the three loops
 
-def mean_loss(model, batch):  # noqa: ANN001, ANN201 - the model's mean loss, as the bare loops use
+def mean_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Return the model's mean loss on ``batch``, as the bare loops use it."""
     summed, count = (bert_classification_loss if isinstance(batch, dict)
                      else sample_classification_loss)(model, batch)
     return summed / count
 
 
-def library_loop(model, optimizer, loss_fn, accumulation_steps):  # noqa: ANN001, ANN201
+def library_loop(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
+                 accumulation_steps: int) -> Callable[[Sequence[Batch]], object]:
+    """Return the engine's ``step_window`` for ``model``: the library's loop."""
     trainer = AccumulationTrainer(model, loss_fn, optimizer, accumulation_steps=accumulation_steps,
                                   progress=False)
     return trainer.step_window
 
 
-def loop_overhead(name, make_model, batch, loss_fn, ks, repeats):  # noqa: ANN001, ANN201
-    """Time one optimizer step of each loop on the same model, data and k."""
+def loop_overhead(name: str, make_model: Callable[[], nn.Module], batch: Batch, loss_fn: LossFn,
+                  ks: Sequence[int], repeats: int) -> list[dict]:
+    """Return, per k, the time of one optimizer step of each loop (library, bare nanoGPT,
+    Accelerate) on the same model, data and k, and the library's ratios to the other two.
+    ``make_model`` builds the model on the batch's device (Accelerate moves it to CUDA when
+    there is one)."""
     rows = []
     for k in ks:
         window = split_into_micro_batches(batch, accumulation_steps=k)
@@ -100,78 +131,115 @@ def loop_overhead(name, make_model, batch, loss_fn, ks, repeats):  # noqa: ANN00
     return rows
 
 
-def micro_batch_time(batch, effective, sizes, repeats):  # noqa: ANN001, ANN201
-    """Time per sample against micro-batch size at a fixed effective batch (library loop)."""
+def micro_batch_time(make_model: Callable[[], nn.Module], loss_fn: LossFn, batch: Batch,
+                     sizes: Sequence[int], repeats: int) -> list[dict]:
+    """Return, per micro-batch size, the library loop's time per sample and per step at a
+    fixed effective batch (all of ``batch``; every size must divide it), interleaved."""
+    effective = batch_size(batch)
+    for size in sizes:
+        if effective % size:
+            raise ValueError(f"sizes must divide the batch of {effective} samples; got {size}")
     loops = {}
     for size in sizes:
-        model = make_mlp(batch[0].shape[1], 1024, 4, dtype=torch.float32)
+        model = make_model()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        step = library_loop(model, optimizer, sample_classification_loss, effective // size)
+        step = library_loop(model, optimizer, loss_fn, effective // size)
         window = split_into_micro_batches(batch, micro_batch_size=size)
         loops[size] = lambda s=step, w=window: s(w)
     timings = time_interleaved(loops, repeats=repeats, warmup=1)
     base = timings[sizes[0]].median
-    return [{"micro_batch_size": s, "k": effective // s, "seconds_per_sample": timings[s].median
-             / effective, "ratio_to_largest": timings[s].median / base, **summary(timings[s])}
+    return [{"micro_batch_size": s, "k": effective // s, "effective_batch": effective,
+             "seconds_per_sample": timings[s].median / effective,
+             "ratio_to_largest": timings[s].median / base, **summary(timings[s])}
             for s in sizes]
 
 
-def activation_scaling(batch, ks):  # noqa: ANN001, ANN201
-    model = make_mlp(batch[0].shape[1], 1024, 4, dtype=torch.float32)
-    full = activation_bytes(model, sample_classification_loss, batch)
+PeakMeasure = Callable[[Callable[[], object]], int | None]
+
+
+def step_peak_bytes(make_model: Callable[[], nn.Module], loss_fn: LossFn, batch: Batch, k: int,
+                    optimizer: str, measures: Mapping[str, PeakMeasure] | None = None,
+                    ) -> dict[str, int | None]:
+    """Return, per named measure (default: ``tensor_peak_bytes``), its peak bytes of one
+    accumulated step of the engine over ``batch`` in ``k`` micro-batches; each measure gets a
+    step of its own, after a first one (gradients and optimizer state then exist)."""
+    measures = {"tensor": tensor_peak_bytes} if measures is None else measures
+    model = make_model()
+    trainer = AccumulationTrainer(model, loss_fn, PEAK_OPTIMIZERS[optimizer](model.parameters()),
+                                  accumulation_steps=k, progress=False)
+    window = split_into_micro_batches(batch, accumulation_steps=k)
+    trainer.step_window(window)
+    return {name: measure(lambda: trainer.step_window(window))
+            for name, measure in measures.items()}
+
+
+def memory_against_k(make_model: Callable[[], nn.Module], loss_fn: LossFn, batch: Batch,
+                     ks: Sequence[int]) -> list[dict]:
+    """Return, per k at the fixed effective batch ``batch``: the activation bytes of one
+    micro-batch (saved-tensor hooks) and their ratios to k = 1, and the peak bytes of the
+    tensors one step allocates (``tensor_peak_bytes``) with SGD and with AdamW."""
+    model = make_model()
+    full = activation_bytes(model, loss_fn, batch)
     rows = []
     for k in ks:
         part = split_into_micro_batches(batch, accumulation_steps=k)[0]
-        measured = activation_bytes(model, sample_classification_loss, part)
-        rows.append({"k": k, "bytes": measured, "ratio_to_k1": measured / full,
-                     "ratio_to_1_over_k": measured / full * k})
+        measured = activation_bytes(model, loss_fn, part)
+        rows.append({"k": k, "micro_batch_size": batch_size(part), "bytes": measured,
+                     "ratio_to_k1": measured / full, "ratio_to_1_over_k": measured / full * k,
+                     **{f"peak_bytes_{name}": step_peak_bytes(make_model, loss_fn, batch, k,
+                                                              name)["tensor"]
+                        for name in PEAK_OPTIMIZERS}})
     return rows
 
 
-PEAK_SCRIPT = """
-import sys, torch
-from pathlib import Path
-from gradaccum_lib import split_into_micro_batches
-from gradaccum_lib.accumulation import AccumulationTrainer
-from gradaccum_lib.data import make_toy_classification
-from gradaccum_lib.losses import sample_classification_loss
-from gradaccum_lib.models import make_mlp
+def attention_share(vocab_size: int, config: dict[str, int], notes: dict,
+                    lengths: tuple[int, int, int]) -> dict:
+    """Return the activation model of a padded EMR note for a BERT of ``config``, fitted
+    exactly through ``lengths`` (:func:`fit_transformer_activations`): its bytes per note at
+    the longest length and the share of them that is the s² (attention) term."""
+    def measure(num_layers: int, length: int) -> int:
+        model = make_tiny_bert(vocab_size, 10, max_length=lengths[-1],
+                               **{**config, "num_layers": num_layers})
+        # the first note, cut to fewer tokens than the shortest length: padded at every length,
+        # so the attention mask takes the same path (the bytes depend on shapes, not tokens)
+        kept = torch.arange(length) < min(int(notes["attention_mask"][0].sum()), lengths[0] - 1)
+        sample = {"input_ids": torch.where(kept, notes["input_ids"][0, :length], 0)[None],
+                  "attention_mask": kept.long()[None], "labels": notes["labels"][:1]}
+        return activation_bytes(model, bert_classification_loss, sample)
 
-def status(field):
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])  # KiB
-
-k, n, d = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-x, y = make_toy_classification(n, d, 4, dtype=torch.float32)
-model = make_mlp(d, 4096, 4, dtype=torch.float32)
-trainer = AccumulationTrainer(model, sample_classification_loss,
-                              torch.optim.SGD(model.parameters(), lr=0.1),
-                              accumulation_steps=k, progress=False)
-window = split_into_micro_batches((x, y), accumulation_steps=k)
-trainer.step_window(window)  # gradients and allocator pools exist from here on
-Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
-before = status("VmRSS")
-trainer.step_window(window)
-print(status("VmHWM") - before)
-"""
+    fit = fit_transformer_activations(measure, lengths)
+    length, layers = lengths[-1], config["num_layers"]
+    per_sample = fit.bytes_per_sample(length, layers)
+    squared = layers * length * length * fit.per_layer_per_token_squared
+    return {"sequence_length": length, "bytes_per_note": fit.bytes_for(1, length, layers),
+            "bytes_per_sample": per_sample, "s_squared_bytes_per_sample": squared,
+            "s_squared_share": squared / per_sample}
 
 
-def peak_process_memory(ks, samples, dim):  # noqa: ANN001, ANN201
-    """Peak resident-memory growth (KiB) during one accumulated step (after a first one), in
-    a fresh process per k; Linux only (/proc/self/clear_refs resets the peak)."""
-    if not Path("/proc/self/clear_refs").exists():
-        return []
-    rows = []
-    for k in ks:
-        out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(k), str(samples), str(dim)],
-                             capture_output=True, text=True, check=True,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-        rows.append({"k": k, "peak_rss_growth_kib": int(out.stdout.strip().splitlines()[-1])})
-    return rows
+def bert_at_length(vocab_size: int, notes: dict, ks: Sequence[int], sizes: Sequence[int],
+                   repeats: int, device: torch.device) -> dict:
+    """Return the tiny BERT's memory against k and time per sample against micro-batch size
+    on ``notes`` (one effective batch, padded to the length to measure), on ``device``."""
+    length = notes["input_ids"].shape[1]
+
+    def make_model() -> nn.Module:
+        return make_tiny_bert(vocab_size, 10, max_length=length, **TINY_BERT).to(device)
+
+    batch = to_device(notes, device)
+    parameters = sum(p.numel() for p in make_model().parameters())
+    lengths = (length // 4, length // 2, length)
+    return {"sequence_length": length, "effective_batch": batch_size(notes),
+            "tokens_per_note": notes["attention_mask"].sum(dim=1).tolist(),
+            "model": {**TINY_BERT, "parameters": parameters},
+            "attention": attention_share(vocab_size, TINY_BERT, notes, lengths),
+            "memory": memory_against_k(make_model, bert_classification_loss, batch, ks),
+            "micro_batch_time": micro_batch_time(make_model, bert_classification_loss, batch,
+                                                 sizes, repeats)}
 
 
-def ddp_communication(ks, quick):  # noqa: ANN001, ANN201
+def ddp_communication(ks: Sequence[int], quick: bool) -> list[dict]:
+    """Return bytes, syncs and seconds per optimizer step under DDP (2 gloo processes), per k,
+    syncing once per window and every micro-step."""
     result = launch("gradaccum_lib.ddp", [
         "--accumulation-steps", "1", "--sweep", ",".join(map(str, ks)),
         "--micro-batch-size", "8", "--steps", "3" if quick else "8", "--dtype", "float32",
@@ -181,8 +249,9 @@ def ddp_communication(ks, quick):  # noqa: ANN001, ANN201
             for run in result["runs"]]
 
 
-def ddp_engine_overhead(quick):  # noqa: ANN001, ANN201
-    """The engine under DDP against the plain nanoGPT no_sync loop, 2 gloo processes."""
+def ddp_engine_overhead(quick: bool) -> list[dict]:
+    """Return, per k, the engine's step time under DDP against the plain nanoGPT no_sync
+    loop's (2 gloo processes)."""
     return launch(str(HERE / "ddp_overhead.py"),
                   ["--repeats", "3" if quick else "31", "--hidden-dim", "64" if quick else "1024"],
                   nproc_per_node=2, timeout_seconds=600)["rows"]
@@ -190,7 +259,47 @@ def ddp_engine_overhead(quick):  # noqa: ANN001, ANN201
 
 # ----------------------------------------------------------------------------- reporting
 
-def markdown(results: dict) -> str:
+def mib(value: float) -> str:
+    """Return ``value`` bytes as MiB with two decimals."""
+    return f"{value / 2**20:,.2f}"
+
+
+def memory_table(rows: list[dict]) -> list[str]:
+    """Return the markdown lines of a memory-against-k table."""
+    lines = ["| k | micro-batch | activation bytes | ratio to k = 1 | ratio × k (1.00 = exactly "
+             "1/k) | peak tensor bytes, SGD | peak tensor bytes, AdamW |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['k']} | {row['micro_batch_size']} | {row['bytes']:,} | "
+                     f"{row['ratio_to_k1']:.4f} | {row['ratio_to_1_over_k']:.4f} | "
+                     f"{row['peak_bytes_sgd']:,} | {row['peak_bytes_adamw']:,} |")
+    return lines
+
+
+def time_table(rows: list[dict], unit: str = "µs") -> list[str]:
+    """Return the markdown lines of a time-per-sample-against-micro-batch table."""
+    scale = {"µs": 1e6, "ms": 1e3}[unit]
+    lines = [f"| micro-batch | k | {unit} per sample | step time / largest micro-batch |",
+             "|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['micro_batch_size']} | {row['k']} | "
+                     f"{scale * row['seconds_per_sample']:.1f} | {row['ratio_to_largest']:.2f} |")
+    return lines
+
+
+def cuda_section(out: Path) -> list[str]:
+    """Return the CUDA section: the one ``make gpu-check`` wrote in README-gpu.md, if any."""
+    gpu_readme = out / "README-gpu.md"
+    if gpu_readme.is_file() and GPU_START in gpu_readme.read_text():
+        return [gpu_readme.read_text().split(GPU_START, 1)[1].split(GPU_END, 1)[0].strip()]
+    return ["No GPU on the machine that ran this. On one, `make gpu-check` measures the CUDA "
+            "numbers (peak memory per k, fp32/bf16/fp16 against the fp32 truth, time per "
+            "sample, the three loops) and writes them to `results-gpu.json` and "
+            "`README-gpu.md`; the next `make bench` includes them here."]
+
+
+def markdown(results: dict, out: Path = HERE) -> str:
+    """Return the results as the markdown that goes between the README's markers."""
     m = results["machine"]
     lines = [f"Measured {results['date']} on {m['cpu']} ({m['cores']} cores, "
              f"{m['torch_threads']} torch threads), torch {m['torch']}, Python {m['python']}"
@@ -204,21 +313,31 @@ def markdown(results: dict) -> str:
         lines.append(f"| {row['model']} | {row['k']} | {row['library_vs_bare']:.3f} | "
                      f"{row['library_vs_accelerate']:.3f} | {1e3 * lib['median']:.2f} "
                      f"({1e3 * lib['min']:.2f}–{1e3 * lib['max']:.2f}) |")
-    lines += ["", "### 2. Time per sample against micro-batch size (effective batch "
-              f"{results['micro_batch_time'][0]['micro_batch_size']})", "",
-              "| micro-batch | k | µs per sample | step time / largest micro-batch |",
-              "|---|---|---|---|"]
-    for row in results["micro_batch_time"]:
-        lines.append(f"| {row['micro_batch_size']} | {row['k']} | "
-                     f"{1e6 * row['seconds_per_sample']:.1f} | {row['ratio_to_largest']:.2f} |")
-    lines += ["", "### 3. Activation bytes against k (and peak process memory)", "",
-              "| k | activation bytes | ratio to k = 1 | ratio × k (1.00 = exactly 1/k) | "
-              "peak RSS growth (KiB) |", "|---|---|---|---|---|"]
-    peaks = {row["k"]: row["peak_rss_growth_kib"] for row in results["peak_memory"]}
-    for row in results["activation_memory"]:
-        lines.append(f"| {row['k']} | {row['bytes']:,} | {row['ratio_to_k1']:.4f} | "
-                     f"{row['ratio_to_1_over_k']:.4f} | {peaks.get(row['k'], '')} |")
-    lines += ["", "### 4. DDP, 2 gloo processes: per optimizer step", "",
+    lines += ["", "### 2. Time per sample against micro-batch size (MLP, effective batch "
+              f"{results['micro_batch_time'][0]['effective_batch']})", ""]
+    lines += time_table(results["micro_batch_time"])
+    lines += ["", "### 3. Memory against k (MLP, effective batch "
+              f"{results['micro_batch_time'][0]['effective_batch']})", "",
+              "Activation bytes of one micro-batch (saved-tensor hooks), and the peak bytes of "
+              "the tensors one accumulated step allocates and holds at once "
+              "(`tensor_peak_bytes`: gradients, activations, backward and optimizer "
+              "temporaries; parameters and optimizer state existed before). Both are counted, "
+              "not sampled: the same to the byte on every run.", ""]
+    lines += memory_table(results["activation_memory"])
+    bert = results["bert_long"]
+    model, attention = bert["model"], bert["attention"]
+    lines += ["", f"### 4. Tiny BERT at the article's record length (s = "
+              f"{bert['sequence_length']}, effective batch {bert['effective_batch']})", "",
+              f"Hidden {model['hidden_size']}, {model['num_layers']} layers, "
+              f"{model['num_heads']} heads ({model['parameters']:,} parameters), EMR notes "
+              f"padded to {bert['sequence_length']} tokens. One note's activations: "
+              f"{mib(attention['bytes_per_note'])} MiB; the s² (attention) term is "
+              f"{100 * attention['s_squared_share']:.0f}% of the part that grows with the "
+              f"note (fitted exactly through s = {bert['sequence_length'] // 4}, "
+              f"{bert['sequence_length'] // 2}, {bert['sequence_length']}).", ""]
+    lines += memory_table(bert["memory"])
+    lines += [""] + time_table(bert["micro_batch_time"], unit="ms")
+    lines += ["", "### 5. DDP, 2 gloo processes: per optimizer step", "",
               "| k | bytes (window) | bytes (every) | syncs window / every | "
               "ms window | ms every |", "|---|---|---|---|---|---|"]
     ddp = {(r["accumulation_steps"], r["sync"]): r for r in results["ddp"]}
@@ -227,23 +346,20 @@ def markdown(results: dict) -> str:
         lines.append(f"| {k} | {w['bytes_per_step']:,.0f} | {e['bytes_per_step']:,.0f} | "
                      f"{w['syncs_per_step']:.0f} / {e['syncs_per_step']:.0f} | "
                      f"{1e3 * w['seconds_per_step']:.2f} | {1e3 * e['seconds_per_step']:.2f} |")
-    lines += ["", "### 5. DDP, 2 gloo processes: the engine against the plain nanoGPT loop", "",
+    lines += ["", "### 6. DDP, 2 gloo processes: the engine against the plain nanoGPT loop", "",
               "| k | engine / plain no_sync loop (median) | engine ms (min–max) |", "|---|---|---|"]
     for row in results.get("ddp_engine", []):
         engine = row["engine"]
         lines.append(f"| {row['k']} | {row['engine_vs_plain']:.3f} | {1e3 * engine['median']:.2f}"
                      f" ({1e3 * engine['min']:.2f}–{1e3 * engine['max']:.2f}) |")
-    if results.get("cuda"):
-        lines += ["", "### 6. CUDA", "", "```", json.dumps(results["cuda"], indent=1), "```"]
-    else:
-        lines += ["", "### 6. CUDA", "", "No GPU on the machine that ran this; rerun "
-                  "`make bench` on one to fill this section."]
+    lines += ["", "### 7. CUDA", ""] + cuda_section(out)
     return "\n".join(lines)
 
 
 def figure(results: dict) -> Figure:
-    fig = Figure(figsize=(10, 3.6), layout="constrained")
-    left, right = fig.subplots(1, 2)
+    """Return the figure: loop ratios, step time against micro-batch, memory against k."""
+    fig = Figure(figsize=(15, 3.8), layout="constrained")
+    left, middle, right = fig.subplots(1, 3)
     for model in sorted({r["model"] for r in results["loop_overhead"]}):
         rows = [r for r in results["loop_overhead"] if r["model"] == model]
         ks = [r["k"] for r in rows]
@@ -255,47 +371,91 @@ def figure(results: dict) -> Figure:
     left.set_xlabel("accumulation steps k")
     left.set_ylabel("library step time ratio (median)")
     left.legend(fontsize="small")
-    rows = results["micro_batch_time"]
-    right.plot([r["micro_batch_size"] for r in rows], [1e6 * r["seconds_per_sample"] for r in rows],
-               marker="o")
+    bert = results["bert_long"]
+    for label, rows in (("MLP", results["micro_batch_time"]),
+                        (f"tiny BERT, s = {bert['sequence_length']}", bert["micro_batch_time"])):
+        middle.plot([r["micro_batch_size"] for r in rows], [r["ratio_to_largest"] for r in rows],
+                    marker="o", label=label)
+    middle.set_xscale("log", base=2)
+    middle.set_yscale("log")
+    middle.set_xlabel("micro-batch size (fixed effective batch)")
+    middle.set_ylabel("step time / largest micro-batch")
+    middle.legend(fontsize="small")
+    for label, rows in (("MLP", results["activation_memory"]),
+                        (f"BERT s={bert['sequence_length']}", bert["memory"])):
+        ks = [r["k"] for r in rows]
+        right.plot(ks, [r["bytes"] / 2**20 for r in rows], marker="o",
+                   label=f"{label}: activations")
+        right.plot(ks, [r["peak_bytes_sgd"] / 2**20 for r in rows], marker="s", linestyle="--",
+                   label=f"{label}: peak (SGD)")
+        right.plot(ks, [r["peak_bytes_adamw"] / 2**20 for r in rows], marker="^", linestyle=":",
+                   label=f"{label}: peak (AdamW)")
     right.set_xscale("log", base=2)
-    right.set_xlabel("micro-batch size (fixed effective batch)")
-    right.set_ylabel("µs per sample")
+    right.set_yscale("log")
+    right.set_xlabel("accumulation steps k (fixed effective batch)")
+    right.set_ylabel("MiB")
+    right.legend(fontsize="x-small")
     return fig
 
 
+def write_readme_section(readme: Path, start: str, end: str, table: str, title: str) -> None:
+    """Replace what lies between ``start`` and ``end`` in ``readme`` (created if missing)."""
+    if readme.is_file() and start in readme.read_text():
+        text = readme.read_text()
+        head, rest = text.split(start, 1)
+        tail = rest.split(end, 1)[1] if end in rest else ""
+        readme.write_text(f"{head}{start}\n{table}\n{end}{tail}")
+    else:
+        readme.write_text(f"# {title}\n\n{start}\n{table}\n{end}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run every benchmark, write results.json, results.png and the README tables; return 0."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     parser.add_argument("--out", type=Path, default=HERE, help="where to write the results")
     arguments = parser.parse_args(argv)
     quick = arguments.quick
     torch.manual_seed(0)
+    # where accelerate_loop's Accelerator puts the model: every contender runs there
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     ks = [1, 2, 4] if quick else [1, 2, 4, 8, 16]
     repeats = 3 if quick else 21
     started = time.perf_counter()
 
-    mlp_batch = make_toy_classification(32 if quick else 256, 64 if quick else 256, 4,
-                                        dtype=torch.float32)
+    features = 64 if quick else 256
+    mlp_batch = to_device(make_toy_classification(32 if quick else 256, features, 4,
+                                                  dtype=torch.float32), device)
     tokenizer = load_tokenizer()
-    notes = encode_records(load_emr_split("train")[: 16 if quick else 64], tokenizer,
-                           max_length=32 if quick else 128)
+    records = load_emr_split("train")
+    notes = to_device(encode_records(records[: 16 if quick else 64], tokenizer,
+                                     max_length=32 if quick else 128), device)
+
+    def make_wide_mlp() -> nn.Module:
+        return make_mlp(features, 1024, 4, dtype=torch.float32).to(device)
+
     results = {"date": time.strftime("%Y-%m-%d"), "quick": quick, "machine": machine()}
     results["loop_overhead"] = (
-        loop_overhead("MLP", lambda: make_mlp(mlp_batch[0].shape[1], 64 if quick else 1024, 4,
-                                               dtype=torch.float32),
+        loop_overhead("MLP", lambda: make_mlp(features, 64 if quick else 1024, 4,
+                                              dtype=torch.float32).to(device),
                       mlp_batch, sample_classification_loss, ks, repeats)
         + loop_overhead("tiny BERT", lambda: make_tiny_bert(len(tokenizer), 10, hidden_size=64,
-                                                             max_length=128),
+                                                            max_length=128).to(device),
                         notes, bert_classification_loss, ks, repeats))
     sizes = [32, 8, 2] if quick else [256, 128, 64, 32, 16, 8, 4, 2, 1]
-    results["micro_batch_time"] = micro_batch_time(mlp_batch, sizes[0], sizes, repeats)
-    results["activation_memory"] = activation_scaling(mlp_batch, ks)
-    results["peak_memory"] = peak_process_memory(ks, 64 if quick else 2048,
-                                                 64 if quick else 512)
+    results["micro_batch_time"] = micro_batch_time(make_wide_mlp, sample_classification_loss,
+                                                   mlp_batch, sizes, repeats)
+    results["activation_memory"] = memory_against_k(make_wide_mlp, sample_classification_loss,
+                                                    mlp_batch, ks)
+    print("MLP memory against k done", flush=True)
+    long_notes = encode_records(records[: 4 if quick else 16], tokenizer,
+                                max_length=256 if quick else 512)
+    results["bert_long"] = bert_at_length(len(tokenizer), long_notes, ks,
+                                          [4, 2, 1] if quick else [16, 8, 4, 2, 1],
+                                          3 if quick else 7, device)
+    print(f"tiny BERT at s = {long_notes['input_ids'].shape[1]} done", flush=True)
     results["ddp"] = ddp_communication(ks, quick)
     results["ddp_engine"] = ddp_engine_overhead(quick)
-    results["cuda"] = None  # filled by a GPU run: see benchmarks/README.md
     results["seconds"] = time.perf_counter() - started
 
     out = arguments.out
@@ -303,14 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     figure(results).savefig(out / "results.png", dpi=100)
     readme = out / "README.md"
-    table = markdown(results)
-    if readme.is_file() and START in readme.read_text():
-        text = readme.read_text()
-        head, rest = text.split(START, 1)
-        tail = rest.split(END, 1)[1] if END in rest else ""
-        readme.write_text(f"{head}{START}\n{table}\n{END}{tail}")
-    else:
-        readme.write_text(f"# Benchmarks\n\n{START}\n{table}\n{END}\n")
+    write_readme_section(readme, START, END, markdown(results, out), "Benchmarks")
     print(f"wrote {out / 'results.json'}, {readme} and {out / 'results.png'} "
           f"in {results['seconds']:.0f} s")
     return 0

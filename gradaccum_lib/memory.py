@@ -10,16 +10,25 @@
   weights in mixed precision) + the activations of ONE micro-batch. Accumulation shrinks only
   the last term.
 - :func:`cuda_peak_bytes` reports the CUDA allocator's peak for a step, when on a GPU.
+- :func:`tensor_peak_bytes` reports, on any device, the peak bytes of the tensors a step
+  allocates and holds at once, counted exactly from the operators' outputs (a
+  ``TorchDispatchMode``): the same number on every run, unlike a process's resident memory,
+  which the C allocator decides when to hand back.
 """
 
 from __future__ import annotations
 
+import gc
+import threading
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from .batches import Batch, LossFn, check_loss_output
 from .gradients import model_restored
@@ -34,6 +43,7 @@ __all__ = [
     "PRECISIONS",
     "static_bytes",
     "tensor_bytes",
+    "tensor_peak_bytes",
 ]
 
 
@@ -217,3 +227,58 @@ def cuda_peak_bytes(step: Callable[[], object], device: torch.device | str = "cu
     step()
     torch.cuda.synchronize(device)
     return torch.cuda.max_memory_allocated(device)
+
+
+class _LiveStorageBytes(TorchDispatchMode):
+    """Counts the bytes of the storages operators create while active: live now, and peak."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._references: dict[int, weakref.ref] = {}  # id(storage) -> a ref that frees it
+        self._lock = threading.RLock()  # CUDA's backward runs ops (and frees) on its own thread
+
+    def _freed(self, key: int, nbytes: int) -> None:
+        with self._lock:
+            if self._references.pop(key, None) is not None:
+                self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        outputs = func(*args, **(kwargs or {}))
+        inputs = {id(t.untyped_storage()) for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, Tensor) and t.layout == torch.strided}
+        for tensor in tree_flatten(outputs)[0]:
+            if (not isinstance(tensor, Tensor) or tensor.layout != torch.strided
+                    or tensor.device.type == "meta"):
+                continue
+            storage = tensor.untyped_storage()
+            key, nbytes = id(storage), storage.nbytes()
+            if key in inputs or key in self._references or nbytes == 0:
+                continue  # a view, an in-place result, or a storage counted already
+            with self._lock:
+                self._references[key] = weakref.ref(
+                    storage, lambda _, key=key, nbytes=nbytes: self._freed(key, nbytes))
+                self.live += nbytes
+                self.peak = max(self.peak, self.live)
+        return outputs
+
+
+def tensor_peak_bytes(step: Callable[[], object]) -> int:
+    """Return the peak bytes of tensor storages that ``step()`` allocates and holds at once,
+    on any device (tensors that existed before the call, e.g. parameters, are not counted;
+    kernels' private scratch buffers are not seen).
+    """
+    if not callable(step):
+        raise TypeError(f"step must be a callable taking no argument; got {type(step).__name__}")
+    tracker = _LiveStorageBytes()
+    collecting = gc.isenabled()
+    gc.disable()  # step's cyclic garbage freed by gc mid-step would make the peak vary
+    try:
+        with tracker:
+            step()
+    finally:
+        tracker._references.clear()  # its refs die with it: no callback after this call
+        if collecting:
+            gc.enable()
+    return tracker.peak

@@ -25,8 +25,22 @@ def test_quick_benchmark_writes_json_table_and_figure(tmp_path):
         for loop in ("library", "bare", "accelerate"):
             assert 0 < row[loop]["min"] <= row[loop]["median"] <= row[loop]["max"]
         assert row["library_vs_bare"] > 0 and row["library_vs_accelerate"] > 0
-    assert [row["k"] for row in results["activation_memory"]] == [1, 2, 4]
-    assert abs(results["activation_memory"][-1]["ratio_to_1_over_k"] - 1) < 0.05
+    memory = results["activation_memory"]
+    assert [row["k"] for row in memory] == [1, 2, 4]
+    assert abs(memory[-1]["ratio_to_1_over_k"] - 1) < 0.05
+    for optimizer in ("sgd", "adamw"):  # counted bytes: a step holds at least its activations
+        assert all(row[f"peak_bytes_{optimizer}"] > row["bytes"] for row in memory)
+    bert = results["bert_long"]
+    assert bert["sequence_length"] == 256 and bert["effective_batch"] == 4
+    assert [row["k"] for row in bert["memory"]] == [1, 2, 4]
+    assert bert["memory"][0]["bytes"] > bert["memory"][-1]["bytes"]
+    assert bert["memory"][0]["peak_bytes_sgd"] > bert["memory"][-1]["peak_bytes_sgd"]
+    # the fitted model of a padded note gives the measured bytes of the micro-batch of one
+    assert max(bert["tokens_per_note"]) < 256
+    assert bert["attention"]["bytes_per_note"] == bert["memory"][-1]["bytes"]
+    assert 0 < bert["attention"]["s_squared_share"] < 1
+    assert [row["micro_batch_size"] for row in bert["micro_batch_time"]] == [4, 2, 1]
+    assert all(row["seconds_per_sample"] > 0 for row in bert["micro_batch_time"])
     ddp = {(r["accumulation_steps"], r["sync"]): r for r in results["ddp"]}
     assert ddp[4, "every"]["bytes_per_step"] == 4 * ddp[4, "window"]["bytes_per_step"]
     engine_rows = results["ddp_engine"]
@@ -35,4 +49,6 @@ def test_quick_benchmark_writes_json_table_and_figure(tmp_path):
     readme = (tmp_path / "README.md").read_text()
     assert readme.startswith("# kept header") and readme.endswith("kept footer\n")
     assert "old table" not in readme and "| MLP | 1 |" in readme
+    assert "### 4. Tiny BERT at the article's record length (s = 256" in readme
+    assert "make gpu-check" in readme  # no GPU, no README-gpu.md: the CUDA section says how
     assert (tmp_path / "results.png").read_bytes().startswith(b"\x89PNG")

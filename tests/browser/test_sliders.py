@@ -2,9 +2,11 @@
 
 Starts JupyterLab on a free loopback port (with a token; --allow-root as root) over a COPY of
 the notebooks, opens each notebook that has widgets in Debian's Chromium driven by Playwright,
-runs all cells, moves a slider (typing into its readout, or the arrow keys), and checks that
-the widget's text and figure change. A screenshot per notebook goes to
-``build/browser-screenshots/``. The server and its kernels are stopped afterwards.
+waits for an idle Python 3 kernel, clears every output and runs all cells (each wait fails,
+saying what did not happen, unless every code cell ran afresh), moves a slider (typing into its
+readout, or clicking the end of its track), and checks that the widget's text and figure change.
+A screenshot per notebook goes to ``build/browser-screenshots/``. The server and its kernels
+are stopped afterwards.
 
 Run with ``make test-browser``. Without /usr/bin/chromium the tests skip, unless
 GRADACCUM_REQUIRE_BROWSER=1 (as in CI), where a missing browser is a failure.
@@ -350,6 +352,7 @@ def test_moving_a_slider_changes_the_widget(browser, lab, notebook, description,
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         slider.scroll_into_view_if_needed()
         page.screenshot(path=str(SCREENSHOTS / f"{Path(notebook).stem}.png"))
+        (SCREENSHOTS / f"{Path(notebook).stem}-failure.png").unlink(missing_ok=True)  # stale
     except Exception:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / f"{Path(notebook).stem}-failure.png"))
