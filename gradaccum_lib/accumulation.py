@@ -190,8 +190,8 @@ class AccumulationTrainer(ResumeState):
             raise ValueError(f"window holds {len(window)} micro-batches but accumulation_steps "
                              f"is {self.accumulation_steps}; pass at most that many")
         self.optimizer.zero_grad(set_to_none=True)
-        summed_losses, counts, normaliser = self._accumulate(window)
-        total_items, total_loss = self._window_totals(summed_losses, counts)
+        summed_losses, counts, normaliser, totals = self._accumulate(window)
+        total_items, total_loss = self._window_totals(summed_losses, counts, totals)
         for observer in self.observers:
             observer.on_window_end(self._parameters(), total_items, normaliser)
         if self.scaler is not None:
@@ -222,12 +222,14 @@ class AccumulationTrainer(ResumeState):
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.amp_dtype)
 
-    def _accumulate(self, window: Sequence[Batch]) -> tuple[list[Tensor], list, float]:
-        """Forward and backward every micro-batch; return the summed losses, the item counts
-        and the provisional normaliser they were divided by (no host sync per micro-step)."""
+    def _accumulate(self, window: Sequence[Batch]) -> tuple[list[Tensor], list, float, Any]:
+        """Forward and backward every micro-batch; return the summed losses, the item counts,
+        the provisional normaliser they were divided by, and the window's totals (across
+        ranks: an all-reduce started before the last backward, which hides its latency)."""
         summed_losses: list[Tensor] = []
         counts: list[Tensor | float] = []
         normaliser: Any = None
+        totals: Any = None
         last = len(window) - 1
         for micro_step, micro_batch in enumerate(window):
             with self._gradient_sync(micro_step == last or self.sync_every_micro_step):
@@ -240,14 +242,16 @@ class AccumulationTrainer(ResumeState):
                     raise ValueError(
                         f"the loss of micro-batch {micro_step} does not require grad: loss_fn "
                         "must not detach it or run under torch.no_grad()")
+                summed_losses.append(_at_least_fp32(summed_loss.detach()))
+                counts.append(count)
+                if micro_step == last:
+                    totals = self._start_totals(summed_losses, counts)
                 loss = _at_least_fp32(summed_loss) / normaliser
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
-            summed_losses.append(_at_least_fp32(summed_loss.detach()))
-            counts.append(count)
             for observer in self.observers:
                 observer.on_micro_step(self._parameters(), micro_step, float(count),
                                        float(normaliser))
-        return summed_losses, counts, float(normaliser)
+        return summed_losses, counts, float(normaliser), totals
 
     def _provisional(self, first_count: Tensor | float, window_length: int) -> Any:
         """The provisional normaliser: per window in one process; one constant across ranks."""
@@ -262,30 +266,44 @@ class AccumulationTrainer(ResumeState):
             self._common_normaliser = float(value.item())
         return self._common_normaliser
 
-    def _window_totals(self, summed_losses: list[Tensor], counts: list) -> tuple[float, float]:
-        """The GLOBAL window's item count and summed loss (one all-reduce across ranks);
-        raise, with no step taken, on a non-finite loss or a window without items."""
+    def _start_totals(self, summed_losses: list[Tensor], counts: list) -> Any:
+        """This rank's [items, finite loss sum, non-finite losses, invalid counts] (float64,
+        no host sync), and across ranks the handle of its asynchronous all-reduce."""
         losses = torch.stack([loss.to(torch.float64) for loss in summed_losses])
-        finite = torch.isfinite(losses)
-        # two host syncs per window: the tensor counts, and (finite loss sum, bad count)
-        tensor_counts = [c.to(torch.float64) for c in counts if isinstance(c, Tensor)]
-        fetched = iter(torch.stack(tensor_counts).tolist() if tensor_counts else ())
-        count_values = [next(fetched) if isinstance(c, Tensor) else c for c in counts]
-        for micro_step, count in enumerate(count_values):
-            _check_count(count, micro_step)
-        loss_sum, bad_here = torch.stack([torch.where(finite, losses, 0.0).sum(),
-                                          (~finite).sum().to(torch.float64)]).tolist()
-        totals = [sum(count_values), loss_sum, bad_here]
-        if self.world_size > 1:
-            packed = torch.tensor(totals, dtype=torch.float64, device=self._reduce_device)
-            dist.all_reduce(packed)
-            totals = packed.tolist()
-        total_items, total_loss, bad = totals
-        if bad:
+        if all(isinstance(c, Tensor) for c in counts):
+            items = torch.stack(counts).to(device=losses.device, dtype=torch.float64)
+        else:  # plain numbers (a mix syncs once here)
+            items = torch.tensor([float(c) for c in counts], dtype=torch.float64,
+                                 device=losses.device)
+        valid, finite = torch.isfinite(items) & (items >= 0), torch.isfinite(losses)
+        local = torch.stack([torch.where(valid, items, 0.0).sum(),
+                             torch.where(finite, losses, 0.0).sum(),
+                             (~finite).sum().to(torch.float64),
+                             (~valid).sum().to(torch.float64)]).to(self._reduce_device)
+        if self.world_size == 1:
+            return local, None
+        return local, dist.all_reduce(local, async_op=True)
+
+    def _window_totals(self, summed_losses: list[Tensor], counts: list,
+                       totals: Any) -> tuple[float, float]:
+        """The GLOBAL window's item count and summed loss (one sync); raise on every rank,
+        with no step taken, on a non-finite loss, an invalid count or a window without
+        items (the rank that holds the bad micro-batch names it)."""
+        packed, work = totals
+        if work is not None:
+            work.wait()
+        total_items, total_loss, bad, invalid = packed.tolist()
+        if invalid or bad:
             self.optimizer.zero_grad(set_to_none=True)
-            if bad_here:
-                first_bad = int((~finite).nonzero()[0].item())
-                raise NonFiniteLossError(first_bad, losses[first_bad].item())
+        if invalid:
+            for micro_step, count in enumerate(counts):
+                _check_count(float(count), micro_step)
+            raise ValueError("a micro-batch on another rank returned an invalid num_items "
+                             "(negative or not finite)")
+        if bad:
+            for micro_step, loss in enumerate(summed_losses):
+                if not torch.isfinite(loss).item():
+                    raise NonFiniteLossError(micro_step, loss.item())
             raise NonFiniteLossError(-1, float("nan"), where="on another rank")
         if total_items <= 0:
             self.optimizer.zero_grad(set_to_none=True)
