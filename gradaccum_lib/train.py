@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from .accumulation import AccumulationTrainer
+from .batches import split_into_micro_batches
 from .data import LABELS, encode_records, load_emr_split, load_tokenizer
 from .distributed import (
     CommCounter,
@@ -159,17 +160,21 @@ def evaluate(model: nn.Module, columns: dict[str, Tensor], ctx: DistributedConte
     r, r + W, ... (no padding, so nothing is counted twice) and the results are gathered."""
     rows = torch.arange(ctx.rank, len(columns["labels"]), ctx.world_size)
     mine = {key: column[rows].to(ctx.device) for key, column in columns.items()}
-    with torch.no_grad():
+    summed = count = 0.0
+    predictions = torch.zeros(0, dtype=torch.long)
+    if len(rows):  # fewer validation notes than ranks leaves some ranks none
         was_training = model.training
         model.eval()
-        summed, count = bert_classification_loss(model, mine)
+        with torch.no_grad():  # in micro-batches: a whole split at 512 tokens would not fit
+            for part in split_into_micro_batches(mine, micro_batch_size=micro_batch_size):
+                part_loss, part_items = bert_classification_loss(model, part)
+                summed, count = summed + float(part_loss), count + float(part_items)
         model.train(was_training)
-    predictions = predict_classes(model, mine, micro_batch_size=micro_batch_size)
-    parts = [(float(summed), float(count), predictions.cpu(), mine["labels"].cpu())]
+        predictions = predict_classes(model, mine, micro_batch_size=micro_batch_size).cpu()
+    parts = [(summed, count, predictions, mine["labels"].cpu())]
     if ctx.world_size > 1:
         parts = [None] * ctx.world_size
-        dist.all_gather_object(parts, (float(summed), float(count), predictions.cpu(),
-                                       mine["labels"].cpu()))
+        dist.all_gather_object(parts, (summed, count, predictions, mine["labels"].cpu()))
     scores = classification_scores(torch.cat([p[2] for p in parts]),
                                    torch.cat([p[3] for p in parts]), len(LABELS))
     return {"validation_loss": sum(p[0] for p in parts) / sum(p[1] for p in parts),

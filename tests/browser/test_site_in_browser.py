@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -26,11 +25,7 @@ import pytest
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOTS = ROOT / "build" / "browser-screenshots"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run",
-         "--disable-dev-shm-usage"]
 SLIDERS = {"IntSliderModel", "FloatSliderModel", "SelectionSliderModel"}
 WIDGET_S = 60
 
@@ -50,22 +45,6 @@ def site(tmp_path_factory):
     out = tmp_path_factory.mktemp("site")
     build_site.build(out, widgets=str(vendor))
     return out
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM.exists():
-        message = ("Chromium not found at /usr/bin/chromium: install it with "
-                   "`apt-get install chromium` (Debian) to run the browser tests")
-        if os.environ.get("GRADACCUM_REQUIRE_BROWSER") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        instance = playwright.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
-        yield instance
-        instance.close()
 
 
 def _stored_sliders(site: Path) -> dict[str, list[dict]]:

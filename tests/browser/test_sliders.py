@@ -32,11 +32,7 @@ import pytest
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOTS = ROOT / "build" / "browser-screenshots"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run",
-         "--disable-dev-shm-usage"]
 
 # notebook, the slider's description, how to move it (a value to type, or None: click the
 # end of its track),
@@ -53,22 +49,6 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM.exists():
-        message = ("Chromium not found at /usr/bin/chromium: install it with "
-                   "`apt-get install chromium` (Debian) to run the browser tests")
-        if os.environ.get("GRADACCUM_REQUIRE_BROWSER") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        instance = playwright.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
-        yield instance
-        instance.close()
 
 
 @pytest.fixture(scope="module")
