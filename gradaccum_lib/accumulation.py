@@ -13,10 +13,10 @@ Per window of up to ``accumulation_steps`` micro-batches, on every rank:
    token losses and a partial last window included);
 5. fp16 ``GradScaler`` unscale, clipping, one optimizer step, one scheduler step.
 
-The provisional normaliser keeps gradients at mean-loss scale during the window (fp16 loss
-scaling needs that). In one process it is the first micro-batch's item count times the window
-length; across ranks it must be the same number on every rank (DDP averages what the ranks
-hold), so it is fixed once, at the first window, by an all-reduce.
+The provisional normaliser keeps gradients near mean-loss scale during the window (fp16 loss
+scaling needs that): the first micro-batch's item count times the window length, and across
+ranks (where it must be one number: DDP averages what the ranks hold) that times the world
+size, fixed once by an all-reduce at the first window.
 """
 
 from __future__ import annotations
@@ -41,8 +41,7 @@ from .runtime import check_positive_int, check_trainer_arguments
 __all__ = ["AccumulationTrainer", "TrainingHistory", "WindowRecord"]
 
 
-def _at_least_fp32(tensor: Tensor) -> Tensor:
-    """``tensor`` in float32 if it is in a 16-bit type (autocast), else unchanged."""
+def _at_least_fp32(tensor: Tensor) -> Tensor:  # a 16-bit (autocast) loss, summed in fp32
     return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
 
 
@@ -54,7 +53,9 @@ class AccumulationTrainer(ResumeState):
     that rank's own micro-batches of the global window. ``observers`` are objects with
     ``on_micro_step(parameters, micro_step, num_items, provisional)`` and
     ``on_window_end(parameters, total_items, provisional)`` (e.g. ``noise.NoiseScaleTracker``);
-    they see this rank's gradients in provisional units, before the window's rescale.
+    they see gradients in provisional units, before the window's rescale: this rank's own
+    until the last micro-step, averaged over ranks after it (DDP/FSDP2), and still multiplied
+    by the loss scale under fp16 ``GradScaler``.
     ``track_grad_norm=False`` skips the norm when not clipping (the history then holds NaN).
     ``sync_every_micro_step=True`` synchronises after every micro-step instead of once per
     window: the same gradient for k times the communication (for comparison only).
@@ -101,6 +102,9 @@ class AccumulationTrainer(ResumeState):
                 "fully_shard (FSDP2)"
             )
         self.device_type = next(model.parameters()).device.type
+        if amp_dtype == torch.float16 and self.device_type != "cuda":
+            raise ValueError(f"amp_dtype=torch.float16 needs a CUDA model (GradScaler); the model "
+                             f"is on {self.device_type}: use torch.bfloat16 there")
         self._reduce_device = torch.device(
             "cuda", torch.cuda.current_device()) if (
             distributed and dist.get_backend() == "nccl") else torch.device("cpu")
@@ -116,8 +120,6 @@ class AccumulationTrainer(ResumeState):
 
     def _parameters(self) -> list[nn.Parameter]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
-
-    # ---------------------------------------------------------------------- the training loop
 
     def train_epoch(self, micro_batches: Iterable[Batch], *, max_windows: int | None = None,
                     checkpoint_path: str | os.PathLike | None = None,
@@ -144,9 +146,8 @@ class AccumulationTrainer(ResumeState):
         if isinstance(micro_batches, (Tensor, dict)) or not isinstance(micro_batches, Iterable):
             raise TypeError("micro_batches must be an iterable of micro-batches (a list, a "
                             f"DataLoader...); got {type(micro_batches).__name__}")
-        total = None
-        if hasattr(micro_batches, "__len__"):
-            total = math.ceil(len(micro_batches) / self.accumulation_steps)
+        total = (math.ceil(len(micro_batches) / self.accumulation_steps)
+                 if hasattr(micro_batches, "__len__") else None)
         # at most one redraw a second: a notebook bar is a widget, and every redraw is a
         # message to the front end (thousands of them overflow a kernel's output channel)
         bar = tqdm(total=total, initial=self.windows_done, desc=f"epoch {self.epoch}",
@@ -196,8 +197,7 @@ class AccumulationTrainer(ResumeState):
             observer.on_window_end(self._parameters(), total_items, normaliser)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # once per window, before clipping
-        averaged_over = self.world_size if self.sync_kind != "none" else 1
-        self._rescale(normaliser * averaged_over / total_items)
+        self._rescale(normaliser * self.world_size / total_items)  # DDP/FSDP2 average ranks
         grad_norm = self._clip()
         learning_rate = float(self.optimizer.param_groups[0]["lr"])
         self._optimizer_step()
@@ -258,9 +258,11 @@ class AccumulationTrainer(ResumeState):
         if self.world_size == 1:
             if isinstance(first_count, Tensor):
                 return first_count.clamp(min=1.0) * window_length  # stays on the device
-            return max(first_count, 1.0) * window_length
+            return (first_count if first_count >= 1.0 else 1.0) * window_length
         if self._common_normaliser is None:
-            local = max(float(first_count), 1.0) * window_length * self.world_size
+            count = float(first_count)  # an invalid count is refused after the window; the
+            count = count if math.isfinite(count) and count >= 1.0 else 1.0  # cache stays sane
+            local = count * window_length * self.world_size
             value = torch.tensor([local], dtype=torch.float64, device=self._reduce_device)
             dist.all_reduce(value, op=dist.ReduceOp.MAX)
             self._common_normaliser = float(value.item())
@@ -335,8 +337,11 @@ class AccumulationTrainer(ResumeState):
 
     def _optimizer_step(self) -> None:
         if self.scaler is not None:
+            scale = self.scaler.get_scale()
             self.scaler.step(self.optimizer)
             self.scaler.update()
+            if self.scaler.get_scale() < scale:  # inf/NaN gradients: GradScaler skipped it
+                return  # no optimizer step was taken: the schedule does not advance
         else:
             self.optimizer.step()
         if self.scheduler is not None:

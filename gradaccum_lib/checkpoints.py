@@ -59,6 +59,8 @@ def write_checkpoint(state: Mapping[str, Any], path: str | os.PathLike) -> Path:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, target)
+    except OSError as error:  # disk full, no permission...: the old checkpoint is intact
+        raise CheckpointError(f"checkpoint {target} could not be written: {error}") from None
     finally:
         temporary.unlink(missing_ok=True)
     directory = os.open(target.parent, os.O_RDONLY)

@@ -45,6 +45,7 @@ from .data import make_toy_classification, make_toy_token_batch
 from .distributed import (
     CommCounter,
     DistributedContext,
+    full_value,
     init_distributed,
     process_group_session,
     run_worker,
@@ -98,7 +99,8 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if not (math.isfinite(arguments.lr) and arguments.lr > 0):
         parser.error(f"--lr must be a finite number > 0; got {arguments.lr}")
-    arguments.steps_per_epoch = arguments.steps_per_epoch or arguments.steps
+    if arguments.steps_per_epoch is None:
+        arguments.steps_per_epoch = arguments.steps
     if arguments.steps_per_epoch < 1:
         parser.error("--steps-per-epoch must be >= 1")
     if arguments.samples is not None and arguments.samples < 1:
@@ -121,12 +123,8 @@ def _optimizer(arguments: argparse.Namespace, parameters) -> torch.optim.Optimiz
     return torch.optim.AdamW(parameters, lr=arguments.lr)
 
 
-def _full(tensor: Tensor) -> Tensor:
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-
 def _parameter_vector(model: nn.Module) -> Tensor:
-    return torch.cat([_full(p.detach()).reshape(-1).cpu() for p in model.parameters()])
+    return torch.cat([full_value(p.detach()).reshape(-1).cpu() for p in model.parameters()])
 
 
 def cross_rank_difference(model: nn.Module, ctx: DistributedContext) -> float:
@@ -215,10 +213,12 @@ def run(arguments: argparse.Namespace) -> dict:
         _optimizer(arguments, model.parameters()), accumulation_steps=k, progress=False,
         sync_every_micro_step=arguments.sync == "every")
     box.append(trainer)
-    samplers = [DistributedSampler(dataset, num_replicas=ctx.world_size, rank=rank,
-                                   shuffle=True, seed=arguments.seed, drop_last=False)
-                for rank in range(ctx.world_size)]  # every rank's, for the reference
-    sampler = samplers[ctx.rank]
+    def make_sampler(rank: int) -> DistributedSampler:
+        return DistributedSampler(dataset, num_replicas=ctx.world_size, rank=rank,
+                                  shuffle=True, seed=arguments.seed, drop_last=False)
+
+    sampler = make_sampler(ctx.rank)
+    reference_samplers = [make_sampler(rank) for rank in range(ctx.world_size)]
     if ctx.is_main:
         print(f"world size {ctx.world_size} ({ctx.backend or 'single process'}), effective "
               f"batch = micro-batch {micro} x k {k} x world {ctx.world_size} = {effective}",
@@ -229,11 +229,10 @@ def run(arguments: argparse.Namespace) -> dict:
     while step < arguments.steps:
         if arguments.trap != "no-set-epoch":
             sampler.set_epoch(epoch)
-        for other in samplers:  # the reference always reshuffles, as intended
-            if other is not sampler:
-                other.set_epoch(epoch)
+        for reference_sampler in reference_samplers:  # the reference always reshuffles
+            reference_sampler.set_epoch(epoch)
         epoch_orders.append(list(iter(sampler)))
-        global_orders = [list(iter(s)) for s in samplers]
+        global_orders = [list(iter(s)) for s in reference_samplers]
         loader = DataLoader(dataset, batch_size=micro, sampler=sampler)
         for window_index, window in enumerate(windows_of(loader, k)):
             if step == arguments.steps or window_index == arguments.steps_per_epoch:

@@ -249,7 +249,7 @@ def run_worker(main: Callable[[], int]) -> None:
     try:
         code = main()
     except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     except BaseException:  # noqa: BLE001 - report any failure as the rank's traceback
         traceback.print_exc()
         code = 1

@@ -194,8 +194,16 @@ class ResumeState:
         if self.sync_kind != "fsdp2" and [len(g["params"]) for g in groups] != [
                 len(g["params"]) for g in self.optimizer.param_groups]:
             problems.append("optimizer: its parameter groups hold other parameters")
-        if len(state.get("ranks", [])) != self.world_size:
-            problems.append(f"ranks: checkpoint has {len(state.get('ranks', []))} rank states")
+        ranks = state.get("ranks", [])
+        if len(ranks) != self.world_size:
+            problems.append(f"ranks: checkpoint has {len(ranks)} rank states")
+        elif not (isinstance(ranks[self.rank], Mapping) and isinstance(
+                ranks[self.rank].get("cpu_rng_state"), torch.Tensor)
+                and ranks[self.rank]["cpu_rng_state"].dtype == torch.uint8
+                and all(key in ranks[self.rank] for key in (
+                    "epoch_order_states", "sampler_epoch", "window_fingerprint"))):
+            problems.append(f"ranks: rank {self.rank}'s state is incomplete or not a generator "
+                            "state")
         if problems:
             raise ValueError("checkpoint does not fit this trainer; nothing was restored: "
                              + "; ".join(problems))
@@ -211,29 +219,34 @@ class ResumeState:
             raise ValueError(f"checkpoint state is missing {missing}; nothing was restored")
         self._check_state(state)
         history = TrainingHistory.from_dict(state["history"])
+        own = state["ranks"][self.rank]
+        parts = [part for part in (self.scheduler, self.scaler) if part is not None]
         backup = (copy.deepcopy(self._module().state_dict()),
-                  copy.deepcopy(self.optimizer.state_dict()))
+                  copy.deepcopy(self.optimizer.state_dict()),
+                  [copy.deepcopy(part.state_dict()) for part in parts], torch.get_rng_state())
         try:
             self._restore_model_and_optimizer(state["model"], state["optimizer"])
             if self.scheduler is not None:
                 self.scheduler.load_state_dict(state["scheduler"])
             if self.scaler is not None:
                 self.scaler.load_state_dict(state["scaler"])
+            torch.set_rng_state(own["cpu_rng_state"])
+            if "cuda_rng_state" in own and torch.cuda.is_available():
+                torch.cuda.set_rng_state(own["cuda_rng_state"])
         except Exception as error:
             self._module().load_state_dict(backup[0])  # this rank's own (sharded) state
             self.optimizer.load_state_dict(backup[1])
+            for part, part_state in zip(parts, backup[2], strict=True):
+                part.load_state_dict(part_state)
+            torch.set_rng_state(backup[3])
             raise ValueError(f"checkpoint could not be restored ({error}); the trainer was "
                              "rolled back to its state before the load") from error
-        own = state["ranks"][self.rank]
         self.epoch = int(state["epoch"])
         self.windows_done = int(state["windows_done"])
         self.optimizer_steps = int(state["optimizer_steps"])
         self.history = history
         # the same provisional scale as before the interruption: bit-identical rounding
         self._common_normaliser = state.get("common_normaliser")
-        torch.set_rng_state(own["cpu_rng_state"])
-        if "cuda_rng_state" in own and torch.cuda.is_available():
-            torch.cuda.set_rng_state(own["cuda_rng_state"])
         self._epoch_order_states = own["epoch_order_states"]
         self._sampler_epoch = own["sampler_epoch"]
         self._replay_fingerprint = own["window_fingerprint"]
@@ -269,8 +282,9 @@ class ResumeState:
         unreadable or does not fit this trainer."""
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a path (str or os.PathLike); got {type(path).__name__}")
-        device = next(self.model.parameters()).device
-        state = read_checkpoint(path, map_location="cpu" if self.sync_kind == "fsdp2" else device)
+        # to the CPU: generator states must stay CPU ByteTensors; load_state_dict copies the
+        # model's tensors onto its device and the optimizer moves its state to its parameters'
+        state = read_checkpoint(path, map_location="cpu")
         try:
             self.load_state_dict(state)
         except (ValueError, KeyError, TypeError) as error:

@@ -246,7 +246,9 @@ def run(arguments: argparse.Namespace) -> dict:
         every = arguments.checkpoint_every
         trainer.train_epoch(loader, checkpoint_path=checkpoint if every else None,
                             checkpoint_every=every)
-        epochs_log.append({"epoch": epoch, **evaluate(model, validation, ctx,
+        # the unwrapped module: DDP's forward would broadcast buffers, a collective that a
+        # rank without validation notes would never join
+        epochs_log.append({"epoch": epoch, **evaluate(base, validation, ctx,
                                                       arguments.micro_batch_size)})
         if checkpoint is not None:  # the epoch boundary is a resume point too
             trainer.save_checkpoint(checkpoint)

@@ -212,3 +212,14 @@ def test_datasheet_token_lengths_match_the_shipped_tokenizer():
                ("train", "validation", "test") for record in load_emr_split(split)]
     datasheet = " ".join((DATA_DIR / "README.md").read_text().split())
     assert f"the longest note is {max(lengths)} tokens" in datasheet
+
+
+def test_a_rank_without_validation_notes_does_not_hang_the_evaluation(tmp_path, started):
+    job = [*JOB, "--validation-samples", "1", "--epochs", "1", "--timeout", "60",
+           "--json", str(tmp_path / "log.json")]
+    process = _torchrun(["--standalone", "--nproc_per_node=2"], job)
+    started.append(process)
+    code, _, err = _finish(process, timeout=120)
+    assert code == 0, err[-3000:]
+    log = json.loads((tmp_path / "log.json").read_text())
+    assert [epoch["validation_samples"] for epoch in log["epochs"]] == [1]
