@@ -102,9 +102,6 @@ class AccumulationTrainer(ResumeState):
                 "fully_shard (FSDP2)"
             )
         self.device_type = next(model.parameters()).device.type
-        if amp_dtype == torch.float16 and self.device_type != "cuda":
-            raise ValueError(f"amp_dtype=torch.float16 needs a CUDA model (GradScaler); the model "
-                             f"is on {self.device_type}: use torch.bfloat16 there")
         self._reduce_device = torch.device(
             "cuda", torch.cuda.current_device()) if (
             distributed and dist.get_backend() == "nccl") else torch.device("cpu")
