@@ -74,22 +74,21 @@ def test_resume_with_a_seeded_loader_generator_is_exact(tmp_path):
     assert _equal(uninterrupted, resumed)
 
 
+def _distributed_loader():
+    sampler = DistributedSampler(DATASET, num_replicas=1, rank=0, shuffle=True, seed=5)
+    sampler.set_epoch(0)
+    return DataLoader(DATASET, batch_size=4, sampler=sampler)
+
+
 def test_resume_with_a_distributed_sampler_is_exact(tmp_path):
-    def make_loader():
-        sampler = DistributedSampler(DATASET, num_replicas=1, rank=0, shuffle=True, seed=5)
-        sampler.set_epoch(0)
-        return DataLoader(DATASET, batch_size=4, sampler=sampler)
-    uninterrupted, resumed = _run(make_loader, tmp_path)
+    uninterrupted, resumed = _run(_distributed_loader, tmp_path)
     assert _equal(uninterrupted, resumed)
 
 
 def test_resume_with_a_sampler_at_the_wrong_epoch_is_refused(tmp_path):
-    def make_loader():
-        sampler = DistributedSampler(DATASET, num_replicas=1, rank=0, shuffle=True, seed=5)
-        sampler.set_epoch(0)
-        return DataLoader(DATASET, batch_size=4, sampler=sampler)
     with pytest.raises(ValueError, match=r"sampler is at epoch 1 .* call sampler.set_epoch\(0\)"):
-        _run(make_loader, tmp_path, before_resume=lambda loader: loader.sampler.set_epoch(1))
+        _run(_distributed_loader, tmp_path,
+             before_resume=lambda loader: loader.sampler.set_epoch(1))
 
 
 def test_resume_on_other_samples_is_refused_not_trained(tmp_path):
