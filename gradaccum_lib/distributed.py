@@ -163,7 +163,8 @@ class CommCounter:
     _pending: list[float] = field(default_factory=list, repr=False)
 
     def hook(self, state: object, bucket: dist.GradBucket) -> torch.futures.Future:
-        """The comm hook (register with ``ddp.register_comm_hook(counter, counter.hook)``):
+        """The comm hook (register with ``ddp.register_comm_hook(None, lambda s, b:
+        counter.hook(s, b))``; DDP refuses the bound method, whose annotations are strings):
         counts, then averages the bucket across ranks like DDP's default all-reduce.
         """
         buffer = bucket.buffer()

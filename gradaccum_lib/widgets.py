@@ -38,6 +38,17 @@ __all__ = [
 ]
 
 
+# a slider's track spans most of the notebook's width (ipywidgets' default is ~60 px of track
+# for a long description), so a 1-256 range can be set with a mouse
+SLIDER_WIDTH = "95%"
+SLIDER_MAX_WIDTH = "760px"
+SLIDER_STYLE = {"description_width": "initial"}
+
+
+def _slider_layout() -> widgets.Layout:
+    return widgets.Layout(width=SLIDER_WIDTH, max_width=SLIDER_MAX_WIDTH)
+
+
 def _check_kind(label: str, value: object, kind: type, hint: str) -> None:
     if not isinstance(value, kind):
         raise TypeError(f"{label} must be a {kind.__name__} ({hint}); got {type(value).__name__}")
@@ -93,10 +104,10 @@ def accumulation_explorer(
                   "max_micro_batch_size")
     steps = widgets.IntSlider(value=accumulation_steps, min=1, max=max_accumulation_steps,
                               description="accumulation steps k", continuous_update=False,
-                              style={"description_width": "initial"})
+                              style=SLIDER_STYLE, layout=_slider_layout())
     size = widgets.IntSlider(value=micro_batch_size, min=1, max=max_micro_batch_size,
                              description="micro-batch size", continuous_update=False,
-                             style={"description_width": "initial"})
+                             style=SLIDER_STYLE, layout=_slider_layout())
     summary = widgets.Label()
     figure_area = widgets.Image(format="png")
 
@@ -161,7 +172,8 @@ def cluster_explorer(
     check_number("reserved_bytes", reserved_bytes, low=0)
     def slider(value: int, low: int, high: int, description: str) -> widgets.IntSlider:
         return widgets.IntSlider(value=value, min=low, max=high, description=description,
-                                 continuous_update=False, style={"description_width": "initial"})
+                                 continuous_update=False, style=SLIDER_STYLE,
+                                layout=_slider_layout())
 
     layers = slider(num_layers, 1, 96, "layers (model size)")
     length = slider(sequence_length, 32, 2048, "sequence length")
@@ -215,10 +227,11 @@ def ddp_time_explorer(
                   "max_accumulation_steps")
     steps = widgets.IntSlider(value=accumulation_steps, min=1, max=max_accumulation_steps,
                               description="accumulation steps k", continuous_update=False,
-                              style={"description_width": "initial"})
+                              style=SLIDER_STYLE, layout=_slider_layout())
     share = widgets.FloatSlider(value=comm_share, min=0.0, max=0.95, step=0.05,
                                 description="communication share at k=1",
-                                continuous_update=False, style={"description_width": "initial"})
+                                continuous_update=False, style=SLIDER_STYLE,
+                                layout=_slider_layout())
     summary = widgets.Label()
     figure_area = widgets.Image(format="png")
 
@@ -262,7 +275,7 @@ def learning_rate_explorer(base_lr: float, base_batch: int, batches: list[int],
     describe_learning_rates(base_lr, base_batch, base_batch, measured)  # checks the rest
     slider = widgets.SelectionSlider(options=batches, value=base_batch,
                                      description="effective batch", continuous_update=False,
-                                     style={"description_width": "initial"})
+                                     style=SLIDER_STYLE, layout=_slider_layout())
     summary = widgets.Label()
 
     def redraw(_change: object = None) -> None:

@@ -9,6 +9,7 @@ heading that exists (JupyterLab's anchors: the heading's text, spaces replaced b
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -35,13 +36,15 @@ CITED: dict[tuple[str, str], str] = {
     ("05_ddp_torchrun.ipynb", "40%"):
         "the article's figure (GPU utilisation under 40%), quoted in 05 §5 (notebook 00 §6)",
     ("06_beyond.ipynb", "15%"): "a tolerance: 06 §1 asserts abs(estimate - truth) <= 0.15 * truth",
-    # run times of a whole notebook: what scripts/execute_notebooks.py printed on 2 cores
-    ("00_the_article.ipynb", "15 s"): "run time, scripts/execute_notebooks.py, ci profile",
-    ("02_single_device.ipynb", "10 s"): "run time, scripts/execute_notebooks.py, ci profile",
-    ("03_tokens_and_padding.ipynb", "10 s"): "run time, scripts/execute_notebooks.py, ci profile",
-    ("05_ddp_torchrun.ipynb", "40 s"): "run time, scripts/execute_notebooks.py, ci profile",
-    ("06_beyond.ipynb", "20 s"): "run time, scripts/execute_notebooks.py, ci profile",
 }
+# each notebook's header states its run time, recorded in notebooks/run_times.json by
+# scripts/execute_notebooks.py (tests/test_run_times.py checks header, README and record agree)
+CITED.update({
+    (name, f"{max(5, 5 * math.ceil(seconds / 5))} s"): "run time, notebooks/run_times.json"
+    for name, seconds in json.loads(
+        (ROOT / "notebooks" / "run_times.json").read_text())["seconds"].items()
+    if "/" not in name
+})
 
 
 def _cells(path: Path) -> list[dict]:

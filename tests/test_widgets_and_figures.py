@@ -60,3 +60,34 @@ def test_figure_png_renders_in_memory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     png = figure_png(plot_curves({"a": [1.0, 2.0]}, xlabel="x", ylabel="y"))
     assert png.startswith(b"\x89PNG") and list(tmp_path.iterdir()) == []
+
+
+def test_every_slider_spans_most_of_the_notebook_width():
+    from ipywidgets import widgets as ipw
+
+    from gradaccum_lib.cluster import TransformerActivations, TransformerShape
+    from gradaccum_lib.widgets import (
+        SLIDER_MAX_WIDTH,
+        SLIDER_WIDTH,
+        cluster_explorer,
+        ddp_time_explorer,
+        learning_rate_explorer,
+    )
+
+    shape = TransformerShape(params_outside=10**6, params_per_layer=10**5,
+                             activations=TransformerActivations(1, 1, 1, 1, 1))
+    explorers = [
+        accumulation_explorer(num_parameters=10_000, activation_bytes_per_sample=4096.0,
+                              step_time=STEP_TIME, accumulation_steps=4, micro_batch_size=16),
+        ddp_time_explorer(0.001, comm_share=0.6, accumulation_steps=8),
+        learning_rate_explorer(1e-3, 32, [32, 64], {}),
+        cluster_explorer({"fp32": (shape, "fp32")}, num_layers=4, sequence_length=64,
+                         micro_batch_size=2, accumulation_steps=2, world_size=2,
+                         device_bytes=2**30),
+    ]
+    sliders = [child for explorer in explorers for child in explorer.children
+               if isinstance(child, (ipw.IntSlider, ipw.FloatSlider, ipw.SelectionSlider))]
+    assert len(sliders) >= 8
+    assert all((s.layout.width, s.layout.max_width) == (SLIDER_WIDTH, SLIDER_MAX_WIDTH)
+               for s in sliders)
+    assert SLIDER_WIDTH.endswith("%") and int(SLIDER_MAX_WIDTH.removesuffix("px")) >= 600

@@ -1,10 +1,13 @@
 """The sliders, tested where readers use them: JupyterLab in a real browser.
 
 Starts JupyterLab on a free loopback port (with a token; --allow-root as root) over a COPY of
-the notebooks, opens each notebook that has widgets in Debian's Chromium driven by Playwright,
-waits for an idle Python 3 kernel, clears every output and runs all cells (each wait fails,
-saying what did not happen, unless every code cell ran afresh), moves a slider (typing into its
-readout, or clicking the end of its track), and checks that the widget's text and figure change.
+the notebooks, trusted as `make lab` trusts them. First, each notebook with widgets is opened
+and its stored slider must be drawn (with the stored text, and a track of a usable width)
+before anything runs. Then it opens each notebook that has widgets in Debian's Chromium
+driven by Playwright, waits for an idle Python 3 kernel, clears every output and runs all cells
+(each wait fails, saying what did not happen, unless every code cell ran afresh), moves a
+slider (typing into its readout, or clicking the end of its track), and checks that the
+widget's text and figure change.
 A screenshot per notebook goes to ``build/browser-screenshots/``. The server and its kernels
 are stopped afterwards.
 
@@ -56,6 +59,14 @@ def lab(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("lab")
     for notebook in (ROOT / "notebooks").glob("*.ipynb"):
         shutil.copy(notebook, workdir)  # the committed notebooks are never written
+    # as `make lab` does, trust the notebooks first, so that JupyterLab draws their stored
+    # widgets on open; the signatures go to a data folder of this test's own
+    data_dir = tmp_path_factory.mktemp("jupyter-data")
+    env = {**os.environ, "GRADACCUM_PROFILE": "ci", "OMP_NUM_THREADS": "1",
+           "JUPYTER_DATA_DIR": str(data_dir)}
+    subprocess.run([str(Path(sys.executable).parent / "jupyter"), "trust",
+                    *sorted(str(p) for p in workdir.glob("*.ipynb"))],
+                   env=env, check=True, capture_output=True)
     settings = tmp_path_factory.mktemp("lab-settings")
     # every cell stays in the page (no windowing), and no news pop-up
     (settings / "@jupyterlab" / "notebook-extension").mkdir(parents=True)
@@ -72,7 +83,6 @@ def lab(tmp_path_factory):
                f"--LabApp.workspaces_dir={tmp_path_factory.mktemp('lab-workspaces')}"]
     if os.geteuid() == 0:
         command.append("--allow-root")
-    env = {**os.environ, "GRADACCUM_PROFILE": "ci", "OMP_NUM_THREADS": "1"}
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -250,6 +260,61 @@ def _run_all_cells(page, code_cells: int) -> list[int]:  # noqa: ANN001
     assert all(a < b for a, b in zip(counts[:-1], counts[1:], strict=True)), (
         f"the execution counts are not those of one Run All, in order: {counts}")
     return counts
+
+
+def _stored_widget_label(path: Path, description: str) -> str:
+    """The Label text stored next to the slider `description` in the notebook's widget state."""
+    state = json.loads(path.read_text())["metadata"]["widgets"][
+        "application/vnd.jupyter.widget-state+json"]["state"]
+    for model in state.values():
+        if model["model_name"] == "VBoxModel":
+            children = [state[c.removeprefix("IPY_MODEL_")] for c in model["state"]["children"]]
+            if any(c["state"].get("description") == description for c in children):
+                return next(c["state"]["value"] for c in children
+                            if c["model_name"] == "LabelModel")
+    raise AssertionError(f"{path.name} stores no widget with a slider {description!r}")
+
+
+@pytest.mark.parametrize(("notebook", "description", "typed", "has_figure"), CASES,
+                         ids=[case[0] for case in CASES])
+def test_stored_slider_renders_on_open_before_any_cell_runs(browser, lab, notebook, description,
+                                                            typed, has_figure):
+    """A reader who opens a notebook sees its sliders drawn from the stored widget state,
+    not `VBox(children=(IntSlider(...` text, before running anything."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    url, token, workdir = lab
+    stored_label = _stored_widget_label(workdir / notebook, description)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_navigation_timeout(PAGE_LOAD_S * 1000)
+    try:
+        page.goto(f"{url}/lab/workspaces/open-{Path(notebook).stem}/tree/{notebook}"
+                  f"?reset&token={token}")
+        code_cells = _code_cells(workdir / notebook)
+        _wait(page, code_cells, PAGE_LOAD_S, "the notebook did not finish loading",
+              lambda s: len(s["prompts"]) == code_cells and s["active"])
+        slider = page.locator(".widget-slider", has=page.locator(
+            ".widget-label", has_text=description)).last
+        try:
+            slider.wait_for(state="visible", timeout=WIDGET_S * 1000)
+        except PlaywrightTimeout as error:
+            text = page.locator(".jp-Notebook").inner_text()
+            shown = "VBox(children=" in text
+            raise AssertionError(f"{notebook}: no stored slider {description!r} drawn on open"
+                                 f"{' (the widget shows as text: untrusted?)' if shown else ''}"
+                                 ) from error
+        state = page.evaluate(STATE_JS)
+        assert not any("*" in p for p in state["prompts"]), f"{notebook}: a cell ran on open"
+        label = slider.locator("xpath=ancestor::div[contains(@class,'widget-vbox')][1]").locator(
+            ".widget-label:not(.widget-slider .widget-label)").last
+        assert label.inner_text().strip() == stored_label.strip()
+        track = slider.locator(".noUi-base, .slider-container").first.bounding_box()
+        assert track["width"] >= 300, f"{notebook}: the slider's track is {track['width']} px"
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        slider.scroll_into_view_if_needed()
+        page.screenshot(path=str(SCREENSHOTS / f"{Path(notebook).stem}-on-open.png"))
+    finally:
+        page.close()
 
 
 @pytest.mark.parametrize(("notebook", "description", "typed", "has_figure"), CASES,
