@@ -48,7 +48,7 @@ test-browser: $(STAMP)
 	$(NOTEBOOK_ENV) $(PY) -m pytest tests/browser -m browser -v
 
 notebooks: $(STAMP)
-	$(NOTEBOOK_ENV) $(PY) scripts/execute_notebooks.py notebooks/*.ipynb
+	$(NOTEBOOK_ENV) $(PY) scripts/execute_notebooks.py notebooks/*.ipynb notebooks/solutions/*.ipynb
 
 bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/run.py

@@ -268,7 +268,7 @@ class AccumulationTrainer(ResumeState):
     def _start_totals(self, summed_losses: list[Tensor], counts: list) -> Any:
         """This rank's [items, finite loss sum, non-finite losses, invalid counts] (float64,
         no host sync), and across ranks the handle of its asynchronous all-reduce."""
-        losses = torch.stack([loss.to(torch.float64) for loss in summed_losses])
+        losses = torch.stack(summed_losses).to(torch.float64)  # one cast, not one per loss
         if all(isinstance(c, Tensor) for c in counts):
             items = torch.stack(counts).to(device=losses.device, dtype=torch.float64)
         else:  # plain numbers (a mix syncs once here)
