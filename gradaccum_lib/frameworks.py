@@ -11,6 +11,7 @@ window of an epoch).
 
 from __future__ import annotations
 
+import copy
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -32,7 +33,9 @@ __all__ = [
     "bare_loop",
     "bare_loop_step",
     "hf_model_loss_gradients",
+    "hf_trainer",
     "hf_trainer_step",
+    "hf_trainer_train_sampler",
     "library_step",
     "model_mean_loss",
     "summed_cross_entropy_over_window",
@@ -190,10 +193,50 @@ def summed_cross_entropy_over_window(outputs, labels, num_items_in_batch=None): 
     return summed / num_items_in_batch
 
 
-def hf_trainer_step(accumulation_steps: int, *, workaround: str | None = None):  # noqa: ANN201
-    """Return a step function for the HF ``Trainer`` with ``gradient_accumulation_steps=k``:
-    one epoch over the window's samples, no clipping, a constant learning rate, the optimizer
-    passed in through ``optimizers=``.
+def hf_trainer(model: nn.Module, micro_batches: Sequence[Mapping[str, Tensor]],
+               optimizer: torch.optim.Optimizer, accumulation_steps: int, output_dir: str, *,
+               max_grad_norm: float = 0.0, workaround: str | None = None,
+               callbacks: Sequence[Any] = (), log_every_step: bool = False,
+               shuffle: bool = True) -> Any:
+    """Return a 🤗 ``Trainer`` over the window's samples as users build one: its default
+    sampler (random, seeded; ``shuffle=False`` asks for its sequential one),
+    ``gradient_accumulation_steps=k``, ``max_grad_norm`` (the
+    ``TrainingArguments`` default is 1.0; 0 turns clipping off), a constant learning rate, the
+    optimizer passed in, CPU, one epoch, nothing written but to ``output_dir``. The console
+    printer is removed (``log_every_step`` still sends each step's logs to the callbacks).
+    ``workaround`` as in :func:`hf_trainer_step`.
+    """
+    if workaround not in TRAINER_WORKAROUNDS:
+        raise ValueError(f"workaround must be one of {TRAINER_WORKAROUNDS}; got {workaround!r}")
+    from transformers import Trainer, TrainingArguments
+    from transformers.trainer_callback import PrinterCallback
+
+    dataset = WindowDataset(micro_batches)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    arguments = TrainingArguments(
+        output_dir=output_dir, per_device_train_batch_size=dataset.micro_batch_size,
+        gradient_accumulation_steps=accumulation_steps, num_train_epochs=1,
+        max_grad_norm=max_grad_norm, use_cpu=True, report_to="none", save_strategy="no",
+        logging_strategy="steps" if log_every_step else "no", logging_steps=1,
+        disable_tqdm=True, dataloader_num_workers=0, seed=0,
+        train_sampling_strategy="random" if shuffle else "sequential",
+    )
+    if workaround == "accepts_loss_kwargs=False":
+        model.accepts_loss_kwargs = False  # read by Trainer.__init__
+    loss_func = summed_cross_entropy_over_window if workaround == "compute_loss_func" else None
+    trainer = Trainer(model=model, args=arguments, train_dataset=dataset,
+                      optimizers=(optimizer, scheduler), compute_loss_func=loss_func,
+                      callbacks=list(callbacks))
+    trainer.remove_callback(PrinterCallback)  # its run summary goes to stdout otherwise
+    return trainer
+
+
+def hf_trainer_step(accumulation_steps: int, *, workaround: str | None = None,  # noqa: ANN201
+                    max_grad_norm: float = 0.0, shuffle: bool = True):
+    """Return a step function for the HF ``Trainer`` with ``gradient_accumulation_steps=k``
+    (:func:`hf_trainer`): one epoch over the window's samples in its default (shuffled)
+    order unless ``shuffle=False``, clipping off unless ``max_grad_norm`` is given, a
+    constant learning rate, the optimizer passed in.
 
     ``workaround``: ``"accepts_loss_kwargs=False"`` tells the Trainer the model ignores
     ``num_items_in_batch`` (so it divides each micro-batch loss by k again);
@@ -202,29 +245,26 @@ def hf_trainer_step(accumulation_steps: int, *, workaround: str | None = None): 
     """
     if workaround not in TRAINER_WORKAROUNDS:
         raise ValueError(f"workaround must be one of {TRAINER_WORKAROUNDS}; got {workaround!r}")
-    from transformers import Trainer, TrainingArguments
 
     def step(model: nn.Module, micro_batches: list, make_optimizer: OptimizerFactory) -> None:
-        dataset = WindowDataset(micro_batches)
-        optimizer = make_optimizer(model.parameters())
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
         with tempfile.TemporaryDirectory() as output_dir:
-            arguments = TrainingArguments(
-                output_dir=output_dir, per_device_train_batch_size=dataset.micro_batch_size,
-                gradient_accumulation_steps=accumulation_steps, num_train_epochs=1,
-                max_grad_norm=0.0, use_cpu=True, report_to="none", save_strategy="no",
-                logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0, seed=0,
-            )
-            if workaround == "accepts_loss_kwargs=False":
-                model.accepts_loss_kwargs = False  # read by Trainer.__init__
-            loss_func = (
-                summed_cross_entropy_over_window if workaround == "compute_loss_func" else None
-            )
-            trainer = Trainer(model=model, args=arguments, train_dataset=dataset,
-                              optimizers=(optimizer, scheduler), compute_loss_func=loss_func)
-            trainer.train()
+            hf_trainer(model, micro_batches, make_optimizer(model.parameters()),
+                       accumulation_steps, output_dir, max_grad_norm=max_grad_norm,
+                       workaround=workaround, shuffle=shuffle).train()
 
     return step
+
+
+def hf_trainer_train_sampler(model: nn.Module,
+                             micro_batches: Sequence[Mapping[str, Tensor]]) -> Any:
+    """Return the sampler the installed 🤗 ``Trainer`` builds for its training data when the
+    user sets nothing about sampling (``Trainer._get_train_sampler``); ``model`` is not
+    touched (the Trainer gets a copy)."""
+    model = copy.deepcopy(model)
+    with tempfile.TemporaryDirectory() as output_dir:
+        trainer = hf_trainer(model, micro_batches, torch.optim.SGD(model.parameters(), lr=0.1),
+                             1, output_dir)
+        return trainer._get_train_sampler()
 
 
 def hf_model_loss_gradients(model: nn.Module, micro_batches: Sequence[Mapping[str, Tensor]], *,

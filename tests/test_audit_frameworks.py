@@ -14,11 +14,13 @@ from gradaccum_lib.frameworks import (
     accelerate_step,
     bare_loop_step,
     hf_trainer_step,
+    hf_trainer_train_sampler,
     library_step,
     summed_cross_entropy_over_window,
 )
 from gradaccum_lib.losses import bert_classification_loss
 from gradaccum_lib.models import make_tiny_bert
+from gradaccum_lib.trainer_audit import hf_trainer_clipped_run
 
 
 def SGD(parameters):  # noqa: N802 - reads like the optimizer it builds
@@ -121,3 +123,75 @@ def test_concatenate_micro_batches_inverts_split_and_rejects_mismatches():
         concatenate_micro_batches([torch.zeros(2, 3), torch.zeros(2, 4)])
     with pytest.raises(ValueError, match="micro_batches is empty"):
         concatenate_micro_batches([])
+
+
+def test_equal_partial_window_gets_half_from_accelerate_and_twice_from_the_trainer(window):
+    model, batch = window
+    parts = split_into_micro_batches({k: v[:12] for k, v in batch.items()}, micro_batch_size=6)
+    for step in (bare_loop_step(4), accelerate_step(4)):  # 2 of 4 micro-batches, each / 4
+        result = audit_update(step, model, bert_classification_loss, parts, SGD)
+        assert result.norm_ratio == pytest.approx(0.5, abs=1e-10)
+        assert result.cosine == pytest.approx(1.0, abs=1e-10)
+    trainer = audit_update(hf_trainer_step(4), model, bert_classification_loss, parts, SGD)
+    assert trainer.norm_ratio == pytest.approx(2.0, abs=1e-10)  # two trusted means, summed
+    divided = hf_trainer_step(4, workaround="accepts_loss_kwargs=False")
+    assert audit_update(divided, model, bert_classification_loss, parts, SGD).matches(1e-10)
+
+
+def test_trainer_default_sampler_shuffles_and_its_sequential_one_splits_like_a_bare_loop(window):
+    model, batch = window
+    parts = split_into_micro_batches(batch, micro_batch_size=16)  # 16 + 8
+    before = [p.detach().clone() for p in model.parameters()]
+    assert isinstance(hf_trainer_train_sampler(model, parts), torch.utils.data.RandomSampler)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    bare = audit_update(bare_loop_step(4), model, bert_classification_loss, parts, SGD)
+    in_order = audit_update(hf_trainer_step(4, workaround="accepts_loss_kwargs=False",
+                                            shuffle=False),
+                            model, bert_classification_loss, parts, SGD)
+    assert in_order.cosine == pytest.approx(bare.cosine, abs=1e-10)
+    assert in_order.norm_ratio == pytest.approx(2 * bare.norm_ratio, abs=1e-10)
+
+
+def test_clipped_trainer_run_inflates_logs_and_clips_by_k(window):
+    model, batch = window
+    parts = split_into_micro_batches(batch, micro_batch_size=3)  # 8 micro-batches, k=2: 4 steps
+    steps = hf_trainer_clipped_run(model, parts, SGD, 2, max_grad_norm=0.1)
+    assert len(steps) == 4
+    for s in steps:
+        assert s.logged_loss == pytest.approx(2 * s.true_loss, rel=1e-6)  # float32 running sum
+        assert s.logged_grad_norm == pytest.approx(2 * s.true_grad_norm, rel=1e-9)
+        assert s.stepped_grad_norm == pytest.approx(min(0.1, s.logged_grad_norm), rel=1e-5)
+        assert s.clipped == (s.logged_grad_norm > 0.1)
+        assert s.cosine == pytest.approx(1.0, abs=1e-9)  # SGD: only the length differs
+        true_length = min(0.1, s.true_grad_norm)
+        assert s.norm_ratio == pytest.approx(s.stepped_grad_norm / true_length, rel=1e-5)
+    unclipped = hf_trainer_clipped_run(model, parts, SGD, 2, max_grad_norm=0)
+    assert all(s.norm_ratio == pytest.approx(2.0, rel=1e-9) and not s.clipped for s in unclipped)
+
+
+def test_clipped_trainer_run_with_the_loss_workaround_follows_the_large_batch(window):
+    model, batch = window
+    parts = split_into_micro_batches(batch, micro_batch_size=5)  # 5,5,5,5,4: windows 10,10,4
+    for make_optimizer in (SGD, lambda p: torch.optim.AdamW(p, lr=1e-2)):
+        steps = hf_trainer_clipped_run(model, parts, make_optimizer, 2, max_grad_norm=0.05,
+                                       workaround="compute_loss_func")
+        assert len(steps) == 3
+        for s in steps:
+            assert s.norm_ratio == pytest.approx(1.0, abs=1e-9)
+            assert s.cosine == pytest.approx(1.0, abs=1e-9)
+            assert s.true_loss == pytest.approx(s.reference_loss, abs=1e-10)  # one trajectory
+            assert s.logged_loss == pytest.approx(s.true_loss, rel=1e-6)
+            assert s.logged_grad_norm == pytest.approx(s.true_grad_norm, rel=1e-9)
+
+
+def test_clipped_trainer_run_rejects_bad_arguments(window):
+    model, batch = window
+    parts = split_into_micro_batches(batch, micro_batch_size=6)
+    with pytest.raises(ValueError, match="accumulation_steps"):
+        hf_trainer_clipped_run(model, parts, SGD, 0)
+    with pytest.raises(ValueError, match="max_grad_norm"):
+        hf_trainer_clipped_run(model, parts, SGD, 2, max_grad_norm=-1.0)
+    with pytest.raises(ValueError, match="micro_batches is empty"):
+        hf_trainer_clipped_run(model, [], SGD, 2)
+    with pytest.raises(ValueError, match="workaround must be one of"):
+        hf_trainer_clipped_run(model, parts, SGD, 2, workaround="divide")
