@@ -43,11 +43,20 @@ __all__ = [
 
 
 class WindowDataset(torch.utils.data.Dataset):
-    """The samples of a window's micro-batches, as a map-style dataset of dicts."""
+    """The samples of a window's micro-batches, as a map-style dataset of dicts. A framework's
+    ``DataLoader`` re-batches them at the first micro-batch's size, so every micro-batch but
+    the last must have that size (the last may be smaller), or a ValueError says so."""
 
     def __init__(self, micro_batches: Sequence[Mapping[str, Tensor]]) -> None:
         self.columns = concatenate_micro_batches(micro_batches)
-        self.micro_batch_size = len(next(iter(micro_batches[0].values())))
+        sizes = [len(next(iter(micro_batch.values()))) for micro_batch in micro_batches]
+        self.micro_batch_size = sizes[0]
+        if any(size != sizes[0] for size in sizes[:-1]) or sizes[-1] > sizes[0]:
+            raise ValueError(
+                f"micro_batches of sizes {sizes} cannot be re-batched by a DataLoader: all but "
+                "the last must have the first's size, the last at most that (split them with "
+                "micro_batch_size=...)"
+            )
 
     def __len__(self) -> int:
         return len(self.columns["labels"])

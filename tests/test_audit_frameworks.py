@@ -103,6 +103,8 @@ def test_window_dataset_and_loss_func(window):
     dataset = WindowDataset(parts)
     assert len(dataset) == 24 and dataset.micro_batch_size == 10
     assert torch.equal(dataset[23]["labels"], batch["labels"][23])
+    with pytest.raises(ValueError, match="cannot be re-batched"):
+        WindowDataset(split_into_micro_batches(batch, accumulation_steps=7))  # 4,4,4,3,3,3,3
     logits = torch.randn(4, 3, dtype=torch.float64)
     labels = torch.tensor([0, 1, 2, 1])
     summed = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
