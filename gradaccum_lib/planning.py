@@ -2,7 +2,8 @@
 
 - :class:`StepTimeModel` / :func:`fit_step_time`: a window's time from measured micro-step times;
 - :class:`DdpStepModel` / :func:`fit_ddp_step_model`: a DDP step with one sync per window or
-  one per micro-step;
+  one per micro-step, fitted to the medians of step times that :func:`time_ddp_steps`
+  measures interleaved;
 - :func:`plan_accumulation`, :func:`max_micro_batch_size`, :func:`accumulation_steps_for`:
   choosing the micro-batch and k on one device;
 - :func:`measure_bert_shape` / :func:`fit_transformer_activations` / :func:`plan_cluster`: a
@@ -12,11 +13,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
+from .accumulation import AccumulationTrainer
+from .batches import Batch, LossFn
+from .bench import Timing, time_interleaved
 from .cluster import (
     ClusterPlan,
     TransformerActivations,
@@ -33,6 +41,7 @@ __all__ = [
     "AccumulationPlan",
     "ClusterPlan",
     "DdpStepModel",
+    "ddp_relative_residuals",
     "fit_ddp_step_model",
     "fit_step_time",
     "fit_transformer_activations",
@@ -41,6 +50,7 @@ __all__ = [
     "plan_accumulation",
     "plan_cluster",
     "StepTimeModel",
+    "time_ddp_steps",
     "TransformerActivations",
     "TransformerShape",
 ]
@@ -153,32 +163,118 @@ class DdpStepModel:
         return syncs * self.comm_per_sync / seconds
 
 
+def _nonnegative_least_squares(design: torch.Tensor, targets: torch.Tensor) -> list[float]:
+    """Return the x >= 0 that minimises |design x - targets| (exact: the best least-squares
+    solution over every subset of free columns whose solution is >= 0; few columns only)."""
+    columns = design.shape[1]
+    best, best_residual = [0.0] * columns, float(targets.square().sum())
+    for size in range(1, columns + 1):
+        for free in itertools.combinations(range(columns), size):
+            solution = torch.linalg.lstsq(design[:, free], targets[:, None]).solution[:, 0]
+            if bool((solution < 0).any()):
+                continue
+            residual = float((design[:, free] @ solution - targets).square().sum())
+            if residual < best_residual:
+                best, best_residual = [0.0] * columns, residual
+                for column, value in zip(free, solution.tolist(), strict=True):
+                    best[column] = value
+    return best
+
+
+def _ddp_times(accumulation_steps: object, window_seconds: object, every_seconds: object
+               ) -> list[tuple[int, str, float]]:
+    """Checked (k, sync, seconds) rows of measured DDP step times (all > 0)."""
+    _measurements("accumulation_steps", accumulation_steps, sizes=True)
+    for label, values in (("window_seconds", window_seconds), ("every_seconds", every_seconds)):
+        _measurements(label, values)
+        for index, value in enumerate(values):
+            check_number(f"{label}[{index}]", value, low=0, low_open=True)
+    if not len(accumulation_steps) == len(window_seconds) == len(every_seconds) >= 2:
+        raise ValueError("need at least two k values, each with a window and an every time; got "
+                         f"{len(accumulation_steps)} accumulation_steps, {len(window_seconds)} "
+                         f"window_seconds and {len(every_seconds)} every_seconds")
+    return [row for k, window, every in zip(accumulation_steps, window_seconds, every_seconds,
+                                            strict=True)
+            for row in ((k, "window", float(window)), (k, "every", float(every)))]
+
+
 def fit_ddp_step_model(
     accumulation_steps: Sequence[int],
     window_seconds: Sequence[float],
     every_seconds: Sequence[float],
 ) -> DdpStepModel:
-    """Return the least-squares :class:`DdpStepModel` through measured step times with one
-    sync per window (``k c + m + o``) and one per micro-step (``k c + k m + o``), clipped at 0.
+    """Return the :class:`DdpStepModel` (every term >= 0) closest to measured step times
+    (e.g. medians from :func:`time_ddp_steps`) with one sync per window (``k c + m + o``) and
+    one per micro-step (``k c + k m + o``), in relative terms: least squares of
+    ``(model - measured) / measured``, so that short and long steps weigh alike.
     """
-    _measurements("accumulation_steps", accumulation_steps, sizes=True)
-    _measurements("window_seconds", window_seconds)
-    _measurements("every_seconds", every_seconds)
-    if not len(accumulation_steps) == len(window_seconds) == len(every_seconds) >= 2:
-        raise ValueError("need at least two k values, each with a window and an every time; got "
-                         f"{len(accumulation_steps)} accumulation_steps, {len(window_seconds)} "
-                         f"window_seconds and {len(every_seconds)} every_seconds")
-    rows, times = [], []
-    for k, window, every in zip(accumulation_steps, window_seconds, every_seconds, strict=True):
-        rows += [[float(k), 1.0, 1.0], [float(k), float(k), 1.0]]
-        times += [float(window), float(every)]
-    design = torch.tensor(rows, dtype=torch.float64)
+    rows = _ddp_times(accumulation_steps, window_seconds, every_seconds)
+    design = torch.tensor([[float(k), float(k if sync == "every" else 1), 1.0]
+                           for k, sync, _ in rows], dtype=torch.float64)
     if torch.linalg.matrix_rank(design) < 3:
         raise ValueError("the k values must differ (at least one k > 1) to separate the terms")
-    solution = torch.linalg.lstsq(design, torch.tensor(times, dtype=torch.float64)[:, None])
-    compute, comm, per_step = (max(v, 0.0) for v in solution.solution[:, 0].tolist())
+    seconds = torch.tensor([value for _, _, value in rows], dtype=torch.float64)
+    compute, comm, per_step = _nonnegative_least_squares(design / seconds[:, None],
+                                                        torch.ones_like(seconds))
     return DdpStepModel(compute, comm, per_step)
 
+
+def ddp_relative_residuals(
+    model: DdpStepModel,
+    accumulation_steps: Sequence[int],
+    window_seconds: Sequence[float],
+    every_seconds: Sequence[float],
+) -> dict[tuple[int, str], float]:
+    """Return ``(modelled - measured) / measured`` for each (k, sync) measured."""
+    if not isinstance(model, DdpStepModel):
+        raise TypeError(f"model must be a DdpStepModel (e.g. from fit_ddp_step_model); got "
+                        f"{type(model).__name__}")
+    return {(k, sync): model.step_seconds(k, sync) / seconds - 1.0
+            for k, sync, seconds in _ddp_times(accumulation_steps, window_seconds,
+                                               every_seconds)}
+
+
+def time_ddp_steps(
+    model: nn.Module,
+    loss_fn: LossFn,
+    micro_batches: Sequence[Batch],
+    accumulation_steps: Sequence[int],
+    *,
+    repeats: int = 20,
+    warmup: int = 2,
+    make_optimizer: Callable[[object], torch.optim.Optimizer] | None = None,
+) -> dict[tuple[int, str], Timing]:
+    """Return the seconds of one optimizer step for each k in ``accumulation_steps`` and each
+    sync (``"window"``: once per window; ``"every"``: every micro-step), measured by
+    :func:`~gradaccum_lib.bench.time_interleaved`: every (k, sync) is an engine over its own
+    copy of ``model`` (DDP-wrapped inside a process group of several ranks) stepping the first
+    k of ``micro_batches``, all of them interleaved in each of ``repeats`` rounds after
+    ``warmup`` rounds. In a process group each sample is the slowest rank's (identical on every
+    rank). ``model`` itself is not changed.
+    """
+    ks = _measurements("accumulation_steps", accumulation_steps, sizes=True)
+    micro_batches = list(micro_batches)
+    if not ks or max(ks) > len(micro_batches):
+        raise ValueError(f"accumulation_steps must be non-empty and at most the number of "
+                         f"micro_batches ({len(micro_batches)}); got {list(accumulation_steps)}")
+    grouped = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    make_optimizer = make_optimizer or (lambda parameters: torch.optim.SGD(parameters, lr=0.01))
+    steps = {}
+    for k, sync in itertools.product(dict.fromkeys(int(k) for k in ks), ("window", "every")):
+        copied = copy.deepcopy(model)
+        wrapped = nn.parallel.DistributedDataParallel(copied) if grouped else copied
+        trainer = AccumulationTrainer(wrapped, loss_fn, make_optimizer(wrapped.parameters()),
+                                      accumulation_steps=k, progress=False,
+                                      sync_every_micro_step=sync == "every")
+        steps[k, sync] = (lambda trainer=trainer, k=k: trainer.step_window(micro_batches[:k]))
+    timings = time_interleaved(steps, repeats=repeats, warmup=warmup)
+    if grouped:
+        device = next(model.parameters()).device
+        for key, timing in timings.items():
+            samples = torch.tensor(timing.samples, dtype=torch.float64, device=device)
+            dist.all_reduce(samples, op=dist.ReduceOp.MAX)
+            timings[key] = Timing(tuple(samples.tolist()))
+    return timings
 
 @dataclass(frozen=True)
 class AccumulationPlan:
@@ -256,5 +352,3 @@ def accumulation_steps_for(effective_batch_size: int, micro_batch_size: int,
                          ("micro_batch_size", micro_batch_size), ("world_size", world_size)):
         check_positive_int(label, value)
     return -(-effective_batch_size // (micro_batch_size * world_size))
-
-

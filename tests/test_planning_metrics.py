@@ -1,21 +1,36 @@
-"""Transformer activation fits, device planning, BERT shapes, metrics and the cluster widget."""
+"""Transformer activation fits, device planning, BERT shapes, metrics, the cluster widget and
+the DDP step-time fit with its interleaved timings."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 
+from gradaccum_lib.data import make_toy_classification
+from gradaccum_lib.launcher import launch
+from gradaccum_lib.losses import sample_classification_loss
 from gradaccum_lib.memory import memory_budget
 from gradaccum_lib.metrics import classification_scores, predict_classes
-from gradaccum_lib.models import ROBERTA_WWM_EXT_LARGE, count_bert_parameters, make_tiny_bert
+from gradaccum_lib.models import (
+    ROBERTA_WWM_EXT_LARGE,
+    count_bert_parameters,
+    make_mlp,
+    make_tiny_bert,
+)
 from gradaccum_lib.planning import (
+    DdpStepModel,
     TransformerActivations,
     TransformerShape,
     accumulation_steps_for,
+    ddp_relative_residuals,
+    fit_ddp_step_model,
     fit_transformer_activations,
     max_micro_batch_size,
     measure_bert_shape,
     plan_cluster,
+    time_ddp_steps,
 )
 from gradaccum_lib.plots import plot_cluster_plan
 from gradaccum_lib.widgets import cluster_explorer, describe_cluster_plan
@@ -134,3 +149,85 @@ def test_cluster_explorer_redraws_on_every_control():
     assert len(plot_cluster_plan(plan_cluster(
         shape, num_layers=1, sequence_length=8, micro_batch_size=1, accumulation_steps=1,
         world_size=1, device_bytes=2**30)).axes) == 1
+
+
+# ---- the DDP step-time fit and its interleaved timings -----------------------------------
+
+KS = [1, 2, 4, 8]
+
+
+def _relative_design(ks, window, every):
+    rows = [[k, s, 1.0] for k in ks for s in (1, k)]
+    times = [t for pair in zip(window, every, strict=True) for t in pair]
+    design = (torch.tensor(rows, dtype=torch.float64)
+              / torch.tensor(times, dtype=torch.float64)[:, None])
+    return design, torch.ones(len(times), dtype=torch.float64)
+
+
+def test_fit_ddp_step_model_is_the_nonnegative_least_squares_optimum():
+    # a negative optimizer term fits these times best: it must be held at 0, the rest refitted
+    truth = DdpStepModel(0.002, 0.003, 0.0)
+    window = [truth.step_seconds(k, "window") - 0.0015 for k in KS]
+    every = [truth.step_seconds(k, "every") - 0.0015 for k in KS]
+    fitted = fit_ddp_step_model(KS, window, every)
+    x = torch.tensor([fitted.compute_per_micro_step, fitted.comm_per_sync, fitted.per_step],
+                     dtype=torch.float64)
+    assert fitted.per_step == 0.0 and min(x.tolist()) >= 0
+    design, ones = _relative_design(KS, window, every)
+    gradient = design.T @ (design @ x - ones)  # KKT: 0 where x > 0, >= 0 where x == 0
+    assert gradient[:2].abs().max() < 1e-9 and gradient[2] >= -1e-9
+    clipped = torch.linalg.lstsq(design, ones[:, None]).solution[:, 0].clamp(min=0)
+    assert (design @ x - ones).norm() < (design @ clipped - ones).norm()
+
+
+def test_ddp_relative_residuals_are_zero_on_the_model_and_signed():
+    model = DdpStepModel(0.002, 0.003, 0.001)
+    window = [model.step_seconds(k, "window") for k in KS]
+    every = [model.step_seconds(k, "every") for k in KS]
+    residuals = ddp_relative_residuals(model, KS, window, every)
+    assert set(residuals) == {(k, s) for k in KS for s in ("window", "every")}
+    assert max(abs(r) for r in residuals.values()) < 1e-12
+    slow = ddp_relative_residuals(model, KS, [2 * w for w in window], every)
+    assert slow[1, "window"] == pytest.approx(-0.5) and slow[1, "every"] == pytest.approx(0)
+    with pytest.raises(ValueError, match=r"window_seconds\[0\] must be > 0; got 0"):
+        fit_ddp_step_model(KS, [0, *window[1:]], every)
+    with pytest.raises(TypeError, match="model must be a DdpStepModel"):
+        ddp_relative_residuals(None, KS, window, every)
+
+
+def _toy_ddp_data(k_max):
+    inputs, labels = make_toy_classification(4 * k_max, 6, 3, seed=0)
+    return make_mlp(6, 8, 3, seed=0), list(zip(inputs.split(4), labels.split(4), strict=True))
+
+
+def test_time_ddp_steps_in_one_process_times_every_k_and_sync_and_leaves_the_model():
+    model, micro_batches = _toy_ddp_data(4)
+    before = [p.detach().clone() for p in model.parameters()]
+    timings = time_ddp_steps(model, sample_classification_loss, micro_batches, [1, 2, 4],
+                             repeats=3, warmup=1)
+    assert set(timings) == {(k, s) for k in (1, 2, 4) for s in ("window", "every")}
+    assert all(len(t.samples) == 3 and t.min > 0 for t in timings.values())
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    with pytest.raises(ValueError, match=r"at most the number of micro_batches \(4\); got \[8\]"):
+        time_ddp_steps(model, sample_classification_loss, micro_batches, [8])
+
+
+def test_time_ddp_steps_under_torchrun_reports_the_slowest_rank():
+    worker = Path(__file__).parent / "workers" / "ddp_step_times.py"
+    result = launch(str(worker), ["1,2", "3"], nproc_per_node=2, timeout_seconds=180)
+    assert result["world_size"] == 2
+    timings = {(k, sync): samples for k, sync, samples in result["timings"]}
+    assert set(timings) == {(k, s) for k in (1, 2) for s in ("window", "every")}
+    assert all(len(samples) == 3 and min(samples) > 0 for samples in timings.values())
+
+
+def test_the_ddp_step_figure_is_one_panel_of_the_accumulation_plan_figure():
+    from gradaccum_lib.planning import StepTimeModel, plan_accumulation
+    from gradaccum_lib.plots import plot_accumulation_plan, plot_ddp_step
+
+    plan = plan_accumulation(num_parameters=10, activation_bytes_per_sample=1.0,
+                             step_time=StepTimeModel(0.001, 0.0001), micro_batch_size=2,
+                             accumulation_steps=2)
+    width, height = plot_accumulation_plan(plan, plan).get_size_inches()
+    assert tuple(plot_ddp_step(DdpStepModel(0.001, 0.002), 8).get_size_inches()) == (
+        width / 2, height)
