@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import os
@@ -23,6 +24,7 @@ __all__ = [
     "check_trainer_arguments",
     "check_seed",
     "choose_device",
+    "describe_profile",
     "get_profile",
     "is_int",
     "make_generator",
@@ -82,6 +84,22 @@ def get_profile(name: str | None = None) -> Profile:
             f"got {name!r}"
         )
     return PROFILES[name]
+
+
+def describe_profile(profile: Profile, *fields: str) -> str:
+    """Return one line naming the active profile and the sizes ``fields`` it sets (all of them
+    when none are named): what a notebook's first cell prints."""
+    if not isinstance(profile, Profile):
+        raise TypeError(f"profile must be a Profile (from get_profile()); got "
+                        f"{type(profile).__name__}")
+    known = [f.name for f in dataclasses.fields(Profile) if f.name != "name"]
+    unknown = [field for field in fields if field not in known]
+    if unknown:
+        raise ValueError(f"a Profile has no field {unknown[0]!r}; fields: {known}")
+    sizes = ", ".join(f"{field}={getattr(profile, field)}" for field in (fields or known))
+    role = {"ci": "the committed outputs' sizes", "cpu": "a laptop session's sizes",
+            "gpu": "sizes for real hardware"}[profile.name]
+    return f"GRADACCUM_PROFILE={profile.name} ({role}; ci | cpu | gpu): {sizes}"
 
 
 def _device(label: str, device: object) -> torch.device:

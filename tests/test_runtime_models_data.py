@@ -151,3 +151,18 @@ def test_info_nce_depends_on_the_other_items_in_the_batch():
     assert abs(whole.item() - sum(h[0].item() for h in halves)) > 1e-3
     with pytest.raises(ValueError, match="temperature must be > 0; got 0"):
         info_nce_loss(encoder, (anchors, positives), temperature=0)
+
+
+def test_describe_profile_names_the_profile_and_its_sizes():
+    from gradaccum_lib.runtime import describe_profile
+
+    line = describe_profile(get_profile("ci"), "max_length", "bert_layers")
+    assert line == ("GRADACCUM_PROFILE=ci (the committed outputs' sizes; ci | cpu | gpu): "
+                    "max_length=128, bert_layers=2")
+    every = describe_profile(get_profile("gpu"))
+    assert every.startswith("GRADACCUM_PROFILE=gpu (sizes for real hardware")
+    assert "num_samples=4096" in every and "emr_epochs=20" in every
+    with pytest.raises(ValueError, match="no field 'layers'"):
+        describe_profile(get_profile("ci"), "layers")
+    with pytest.raises(TypeError, match="must be a Profile"):
+        describe_profile("ci")
