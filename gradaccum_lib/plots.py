@@ -164,8 +164,9 @@ def plot_cluster_plan(plan: ClusterPlan) -> Figure:
 
 def plot_ddp_step(model: DdpStepModel, accumulation_steps: int) -> Figure:
     """Return stacked bars (ms) of compute and communication per optimizer step, syncing every
-    micro-step vs once per window."""
-    figure = Figure(figsize=(6.0, 3.4), layout="constrained")
+    micro-step vs once per window; one panel of :func:`plot_accumulation_plan`'s size (the
+    sliders of notebooks 05 and 02 show them)."""
+    figure = Figure(figsize=(4.0, 3.4), layout="constrained")
     axes = figure.subplots()
     labels = ["sync every micro-step", "sync once per window"]
     syncs = [accumulation_steps, 1]
