@@ -72,6 +72,7 @@ def _write_header(path: Path, seconds: float) -> None:
 
 def record(path: Path, seconds: float) -> None:
     """Store ``seconds`` for a notebook of the series in run_times.json and the README."""
+    seconds = round(seconds, 1)  # what run_times.json stores: header and README use the same
     resolved = path.resolve()
     if resolved.parent not in (NOTEBOOKS.resolve(), (NOTEBOOKS / "solutions").resolve()):
         return  # a notebook outside the series (e.g. a test's)
@@ -83,7 +84,7 @@ def record(path: Path, seconds: float) -> None:
     data.update(profile="ci", cpu_cores=os.cpu_count() or 1,
                 threads=os.environ.get("OMP_NUM_THREADS", "unset"))
     key = resolved.relative_to(NOTEBOOKS.resolve()).as_posix()
-    data.setdefault("seconds", {})[key] = round(seconds, 1)
+    data.setdefault("seconds", {})[key] = seconds
     data["seconds"] = dict(sorted(data["seconds"].items()))
     RUN_TIMES.write_text(json.dumps(data, indent=1) + "\n")
     if resolved.parent == NOTEBOOKS.resolve():

@@ -69,6 +69,10 @@ def test_recording_rewrites_header_json_and_readme(tmp_path, monkeypatch) -> Non
         "07_new.ipynb": 12.3}
     assert "Run time on 4 CPU cores (`ci` profile): about 15 s." in path.read_text()
     assert readme.read_text().endswith("| ~15 s |\n")
+    execute_notebooks.record(path, 15.04)  # stored as 15.0: the header says 15 s, not 20 s
+    assert json.loads((notebooks / "run_times.json").read_text())["seconds"] == {
+        "07_new.ipynb": 15.0}
+    assert "about 15 s." in path.read_text() and readme.read_text().endswith("| ~15 s |\n")
     monkeypatch.setenv("GRADACCUM_PROFILE", "cpu")  # other profiles are not recorded
     execute_notebooks.record(path, 99.0)
     assert "about 15 s" in path.read_text()
