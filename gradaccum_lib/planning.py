@@ -13,18 +13,12 @@
 
 from __future__ import annotations
 
-import copy
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import torch
-import torch.distributed as dist
-from torch import nn
 
-from .accumulation import AccumulationTrainer
-from .batches import Batch, LossFn
-from .bench import Timing, time_interleaved
 from .cluster import (
     ClusterPlan,
     TransformerActivations,
@@ -50,7 +44,6 @@ __all__ = [
     "plan_accumulation",
     "plan_cluster",
     "StepTimeModel",
-    "time_ddp_steps",
     "TransformerActivations",
     "TransformerShape",
 ]
@@ -204,8 +197,9 @@ def fit_ddp_step_model(
     every_seconds: Sequence[float],
 ) -> DdpStepModel:
     """Return the :class:`DdpStepModel` (every term >= 0) closest to measured step times
-    (e.g. medians from :func:`time_ddp_steps`) with one sync per window (``k c + m + o``) and
-    one per micro-step (``k c + k m + o``), in relative terms: least squares of
+    (e.g. medians from :func:`~gradaccum_lib.step_times.time_ddp_steps`) with one sync per
+    window (``k c + m + o``) and one per micro-step (``k c + k m + o``), in relative terms:
+    least squares of
     ``(model - measured) / measured``, so that short and long steps weigh alike.
     """
     rows = _ddp_times(accumulation_steps, window_seconds, every_seconds)
@@ -233,48 +227,6 @@ def ddp_relative_residuals(
             for k, sync, seconds in _ddp_times(accumulation_steps, window_seconds,
                                                every_seconds)}
 
-
-def time_ddp_steps(
-    model: nn.Module,
-    loss_fn: LossFn,
-    micro_batches: Sequence[Batch],
-    accumulation_steps: Sequence[int],
-    *,
-    repeats: int = 20,
-    warmup: int = 2,
-    make_optimizer: Callable[[object], torch.optim.Optimizer] | None = None,
-) -> dict[tuple[int, str], Timing]:
-    """Return the seconds of one optimizer step for each k in ``accumulation_steps`` and each
-    sync (``"window"``: once per window; ``"every"``: every micro-step), measured by
-    :func:`~gradaccum_lib.bench.time_interleaved`: every (k, sync) is an engine over its own
-    copy of ``model`` (DDP-wrapped inside a process group of several ranks) stepping the first
-    k of ``micro_batches``, all of them interleaved in each of ``repeats`` rounds after
-    ``warmup`` rounds. In a process group each sample is the slowest rank's (identical on every
-    rank). ``model`` itself is not changed.
-    """
-    ks = _measurements("accumulation_steps", accumulation_steps, sizes=True)
-    micro_batches = list(micro_batches)
-    if not ks or max(ks) > len(micro_batches):
-        raise ValueError(f"accumulation_steps must be non-empty and at most the number of "
-                         f"micro_batches ({len(micro_batches)}); got {list(accumulation_steps)}")
-    grouped = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    make_optimizer = make_optimizer or (lambda parameters: torch.optim.SGD(parameters, lr=0.01))
-    steps = {}
-    for k, sync in itertools.product(dict.fromkeys(int(k) for k in ks), ("window", "every")):
-        copied = copy.deepcopy(model)
-        wrapped = nn.parallel.DistributedDataParallel(copied) if grouped else copied
-        trainer = AccumulationTrainer(wrapped, loss_fn, make_optimizer(wrapped.parameters()),
-                                      accumulation_steps=k, progress=False,
-                                      sync_every_micro_step=sync == "every")
-        steps[k, sync] = (lambda trainer=trainer, k=k: trainer.step_window(micro_batches[:k]))
-    timings = time_interleaved(steps, repeats=repeats, warmup=warmup)
-    if grouped:
-        device = next(model.parameters()).device
-        for key, timing in timings.items():
-            samples = torch.tensor(timing.samples, dtype=torch.float64, device=device)
-            dist.all_reduce(samples, op=dist.ReduceOp.MAX)
-            timings[key] = Timing(tuple(samples.tolist()))
-    return timings
 
 @dataclass(frozen=True)
 class AccumulationPlan:

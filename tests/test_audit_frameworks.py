@@ -7,7 +7,6 @@ import torch
 
 from gradaccum_lib import split_into_micro_batches
 from gradaccum_lib.batches import concatenate_micro_batches
-from gradaccum_lib.data import encode_records, load_emr_split, load_tokenizer
 from gradaccum_lib.equivalence import AuditResult, audit_update
 from gradaccum_lib.frameworks import (
     WindowDataset,
@@ -19,21 +18,11 @@ from gradaccum_lib.frameworks import (
     summed_cross_entropy_over_window,
 )
 from gradaccum_lib.losses import bert_classification_loss
-from gradaccum_lib.models import make_tiny_bert
 from gradaccum_lib.trainer_audit import hf_trainer_clipped_run
 
 
 def SGD(parameters):  # noqa: N802 - reads like the optimizer it builds
     return torch.optim.SGD(parameters, lr=0.1)
-
-
-@pytest.fixture(scope="module")
-def window():
-    tokenizer = load_tokenizer()
-    batch = encode_records(load_emr_split("train")[:24], tokenizer, max_length=24)
-    model = make_tiny_bert(len(tokenizer), 10, hidden_size=16, max_length=24,
-                           dtype=torch.float64, seed=3)
-    return model, batch
 
 
 def _forgets_to_scale(accumulation_steps):
@@ -45,8 +34,8 @@ def _forgets_to_scale(accumulation_steps):
     return step
 
 
-def test_audit_passes_a_correct_loop_and_detects_a_broken_one(window):
-    model, batch = window
+def test_audit_passes_a_correct_loop_and_detects_a_broken_one(emr_window):
+    model, batch = emr_window
     parts = split_into_micro_batches(batch, accumulation_steps=3)
     good = audit_update(library_step(3), model, bert_classification_loss, parts, SGD)
     assert good.matches(1e-10) and good.norm_ratio == pytest.approx(1.0, abs=1e-10)
@@ -56,16 +45,16 @@ def test_audit_passes_a_correct_loop_and_detects_a_broken_one(window):
     assert isinstance(bad, AuditResult)
 
 
-def test_audit_refuses_a_zero_true_update(window):
-    model, batch = window
+def test_audit_refuses_a_zero_true_update(emr_window):
+    model, batch = emr_window
     with pytest.raises(ValueError, match="true update is zero"):
         audit_update(library_step(1), model, bert_classification_loss, [batch],
                      lambda p: torch.optim.SGD(p, lr=0.0))
 
 
 @pytest.mark.parametrize("accumulation_steps", [1, 2, 4])
-def test_full_windows_library_bare_and_accelerate_match(window, accumulation_steps):
-    model, batch = window
+def test_full_windows_library_bare_and_accelerate_match(emr_window, accumulation_steps):
+    model, batch = emr_window
     parts = split_into_micro_batches(batch, accumulation_steps=accumulation_steps)
     for make_step in (library_step, bare_loop_step, accelerate_step):
         result = audit_update(make_step(accumulation_steps), model, bert_classification_loss,
@@ -73,8 +62,8 @@ def test_full_windows_library_bare_and_accelerate_match(window, accumulation_ste
         assert result.matches(1e-10), make_step.__name__
 
 
-def test_hf_trainer_inflates_by_k_for_bert_and_both_workarounds_fix_it(window):
-    model, batch = window
+def test_hf_trainer_inflates_by_k_for_bert_and_both_workarounds_fix_it(emr_window):
+    model, batch = emr_window
     parts = split_into_micro_batches(batch, accumulation_steps=4)
     default = audit_update(hf_trainer_step(4), model, bert_classification_loss, parts, SGD)
     assert default.norm_ratio == pytest.approx(4.0, rel=1e-6)  # transformers #47688
@@ -86,8 +75,8 @@ def test_hf_trainer_inflates_by_k_for_bert_and_both_workarounds_fix_it(window):
         hf_trainer_step(4, workaround="divide")
 
 
-def test_partial_uneven_window_only_exact_counting_matches(window):
-    model, batch = window
+def test_partial_uneven_window_only_exact_counting_matches(emr_window):
+    model, batch = emr_window
     parts = split_into_micro_batches(batch, micro_batch_size=16)  # 16 + 8, configured k = 4
     exact = [library_step(4), accelerate_step(4, count_window_items=True),
              hf_trainer_step(4, workaround="compute_loss_func")]
@@ -97,8 +86,8 @@ def test_partial_uneven_window_only_exact_counting_matches(window):
     assert under.norm_ratio < 0.6  # every loss divided by k = 4 though 2 micro-batches came
 
 
-def test_window_dataset_and_loss_func(window):
-    _, batch = window
+def test_window_dataset_and_loss_func(emr_window):
+    _, batch = emr_window
     parts = split_into_micro_batches(batch, micro_batch_size=10)
     dataset = WindowDataset(parts)
     assert len(dataset) == 24 and dataset.micro_batch_size == 10
@@ -127,8 +116,8 @@ def test_concatenate_micro_batches_inverts_split_and_rejects_mismatches():
         concatenate_micro_batches([])
 
 
-def test_equal_partial_window_gets_half_from_accelerate_and_twice_from_the_trainer(window):
-    model, batch = window
+def test_equal_partial_window_gets_half_from_accelerate_and_twice_from_the_trainer(emr_window):
+    model, batch = emr_window
     parts = split_into_micro_batches({k: v[:12] for k, v in batch.items()}, micro_batch_size=6)
     for step in (bare_loop_step(4), accelerate_step(4)):  # 2 of 4 micro-batches, each / 4
         result = audit_update(step, model, bert_classification_loss, parts, SGD)
@@ -140,8 +129,9 @@ def test_equal_partial_window_gets_half_from_accelerate_and_twice_from_the_train
     assert audit_update(divided, model, bert_classification_loss, parts, SGD).matches(1e-10)
 
 
-def test_trainer_default_sampler_shuffles_and_its_sequential_one_splits_like_a_bare_loop(window):
-    model, batch = window
+def test_trainer_default_sampler_shuffles_and_its_sequential_one_splits_like_a_bare_loop(
+        emr_window):
+    model, batch = emr_window
     parts = split_into_micro_batches(batch, micro_batch_size=16)  # 16 + 8
     before = [p.detach().clone() for p in model.parameters()]
     assert isinstance(hf_trainer_train_sampler(model, parts), torch.utils.data.RandomSampler)
@@ -154,8 +144,8 @@ def test_trainer_default_sampler_shuffles_and_its_sequential_one_splits_like_a_b
     assert in_order.norm_ratio == pytest.approx(2 * bare.norm_ratio, abs=1e-10)
 
 
-def test_clipped_trainer_run_inflates_logs_and_clips_by_k(window):
-    model, batch = window
+def test_clipped_trainer_run_inflates_logs_and_clips_by_k(emr_window):
+    model, batch = emr_window
     parts = split_into_micro_batches(batch, micro_batch_size=3)  # 8 micro-batches, k=2: 4 steps
     steps = hf_trainer_clipped_run(model, parts, SGD, 2, max_grad_norm=0.1)
     assert len(steps) == 4
@@ -171,8 +161,8 @@ def test_clipped_trainer_run_inflates_logs_and_clips_by_k(window):
     assert all(s.norm_ratio == pytest.approx(2.0, rel=1e-9) and not s.clipped for s in unclipped)
 
 
-def test_clipped_trainer_run_with_the_loss_workaround_follows_the_large_batch(window):
-    model, batch = window
+def test_clipped_trainer_run_with_the_loss_workaround_follows_the_large_batch(emr_window):
+    model, batch = emr_window
     parts = split_into_micro_batches(batch, micro_batch_size=5)  # 5,5,5,5,4: windows 10,10,4
     for make_optimizer in (SGD, lambda p: torch.optim.AdamW(p, lr=1e-2)):
         steps = hf_trainer_clipped_run(model, parts, make_optimizer, 2, max_grad_norm=0.05,
@@ -186,8 +176,8 @@ def test_clipped_trainer_run_with_the_loss_workaround_follows_the_large_batch(wi
             assert s.logged_grad_norm == pytest.approx(s.true_grad_norm, rel=1e-9)
 
 
-def test_clipped_trainer_run_rejects_bad_arguments(window):
-    model, batch = window
+def test_clipped_trainer_run_rejects_bad_arguments(emr_window):
+    model, batch = emr_window
     parts = split_into_micro_batches(batch, micro_batch_size=6)
     with pytest.raises(ValueError, match="accumulation_steps"):
         hf_trainer_clipped_run(model, parts, SGD, 0)

@@ -8,11 +8,9 @@ import pytest
 import torch
 
 from gradaccum_lib import split_into_micro_batches
-from gradaccum_lib.data import encode_records, load_emr_split, load_tokenizer
 from gradaccum_lib.equivalence import audit_update
 from gradaccum_lib.lightning_audit import LightningCounts, lightning_step, lightning_step_counts
 from gradaccum_lib.losses import bert_classification_loss
-from gradaccum_lib.models import make_tiny_bert
 
 pytest.importorskip("lightning")
 
@@ -21,18 +19,9 @@ def SGD(parameters):  # noqa: N802 - reads like the optimizer it builds
     return torch.optim.SGD(parameters, lr=0.1)
 
 
-@pytest.fixture(scope="module")
-def window():
-    tokenizer = load_tokenizer()
-    batch = encode_records(load_emr_split("train")[:24], tokenizer, max_length=24)
-    model = make_tiny_bert(len(tokenizer), 10, hidden_size=16, max_length=24,
-                           dtype=torch.float64, seed=3)
-    return model, batch
-
-
 @pytest.mark.parametrize("accumulation_steps", [1, 2, 4])
-def test_full_windows_match_the_ground_truth(window, accumulation_steps):
-    model, batch = window
+def test_full_windows_match_the_ground_truth(emr_window, accumulation_steps):
+    model, batch = emr_window
     parts = split_into_micro_batches(batch, accumulation_steps=accumulation_steps)
     for make_optimizer in (SGD, lambda p: torch.optim.AdamW(p, lr=1e-3)):
         result = audit_update(lightning_step(accumulation_steps), model,
@@ -40,8 +29,8 @@ def test_full_windows_match_the_ground_truth(window, accumulation_steps):
         assert result.matches(1e-10)
 
 
-def test_partial_last_window_is_divided_by_the_configured_k(window):
-    model, batch = window
+def test_partial_last_window_is_divided_by_the_configured_k(emr_window):
+    model, batch = emr_window
     equal = split_into_micro_batches({k: v[:12] for k, v in batch.items()}, micro_batch_size=6)
     result = audit_update(lightning_step(4), model, bert_classification_loss, equal, SGD)
     assert result.norm_ratio == pytest.approx(0.5, abs=1e-10)  # 2 of 4 micro-batches, each / 4
@@ -53,18 +42,18 @@ def test_partial_last_window_is_divided_by_the_configured_k(window):
 
 @pytest.mark.parametrize(("micro_batch_size", "accumulation_steps", "micro_batches", "steps"),
                          [(2, 5, 12, 3), (3, 3, 8, 3), (4, 4, 6, 2), (5, 2, 5, 3), (24, 4, 1, 1)])
-def test_step_counts_over_an_epoch(window, micro_batch_size, accumulation_steps, micro_batches,
+def test_step_counts_over_an_epoch(emr_window, micro_batch_size, accumulation_steps, micro_batches,
                                    steps):
-    model, batch = window
+    model, batch = emr_window
     parts = split_into_micro_batches(batch, micro_batch_size=micro_batch_size)
     assert len(parts) == micro_batches
     counts = lightning_step_counts(copy.deepcopy(model), parts, SGD, accumulation_steps)
     assert counts == LightningCounts(micro_batches, accumulation_steps, steps, steps, steps)
 
 
-def test_runs_quietly_and_writes_nothing_in_the_working_directory(window, tmp_path,
+def test_runs_quietly_and_writes_nothing_in_the_working_directory(emr_window, tmp_path,
                                                                    monkeypatch, capfd):
-    model, batch = window
+    model, batch = emr_window
     monkeypatch.chdir(tmp_path)
     parts = split_into_micro_batches(batch, accumulation_steps=3)
     lightning_step_counts(copy.deepcopy(model), parts, SGD, 2)
@@ -73,8 +62,8 @@ def test_runs_quietly_and_writes_nothing_in_the_working_directory(window, tmp_pa
     assert out == "" and err == ""
 
 
-def test_bad_arguments_are_refused(window):
-    model, batch = window
+def test_bad_arguments_are_refused(emr_window):
+    model, batch = emr_window
     with pytest.raises(ValueError, match="accumulation_steps"):
         lightning_step(0)
     with pytest.raises(ValueError, match="micro_batches is empty"):

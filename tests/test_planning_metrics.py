@@ -3,8 +3,6 @@ the DDP step-time fit with its interleaved timings."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -30,9 +28,9 @@ from gradaccum_lib.planning import (
     max_micro_batch_size,
     measure_bert_shape,
     plan_cluster,
-    time_ddp_steps,
 )
 from gradaccum_lib.plots import plot_cluster_plan
+from gradaccum_lib.step_times import time_ddp_steps
 from gradaccum_lib.widgets import cluster_explorer, describe_cluster_plan
 
 TRUE = TransformerActivations(outside_fixed=100.0, outside_per_token=8.0, per_layer_fixed=50.0,
@@ -213,9 +211,10 @@ def test_time_ddp_steps_in_one_process_times_every_k_and_sync_and_leaves_the_mod
 
 
 def test_time_ddp_steps_under_torchrun_reports_the_slowest_rank():
-    worker = Path(__file__).parent / "workers" / "ddp_step_times.py"
-    result = launch(str(worker), ["1,2", "3"], nproc_per_node=2, timeout_seconds=180)
+    result = launch("gradaccum_lib.step_times", ["--ks", "1,2", "--repeats", "3"],
+                    nproc_per_node=2, timeout_seconds=180)
     assert result["world_size"] == 2
+    assert result["parameter_bytes"] == 8 * (16 * 256 + 256 + 256 * 4 + 4)  # float64 MLP
     timings = {(k, sync): samples for k, sync, samples in result["timings"]}
     assert set(timings) == {(k, s) for k in (1, 2) for s in ("window", "every")}
     assert all(len(samples) == 3 and min(samples) > 0 for samples in timings.values())
