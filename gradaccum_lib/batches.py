@@ -216,7 +216,9 @@ def _checked_output(output: object, micro_step: int) -> tuple[Tensor, Tensor | f
                 "loss_fn's num_items must be a single number (items, or total item weight); "
                 f"got a tensor of shape {tuple(num_items.shape)} at micro-batch {micro_step}"
             )
-        return summed_loss, num_items.detach().reshape(())
+        if num_items.requires_grad:  # a count is data; never part of the graph
+            num_items = num_items.detach()
+        return summed_loss, num_items if num_items.dim() == 0 else num_items.reshape(())
     if isinstance(num_items, numbers.Real) and not isinstance(num_items, bool):
         return summed_loss, float(num_items)
     raise TypeError(
