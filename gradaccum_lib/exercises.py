@@ -99,20 +99,30 @@ def _ddp_effective_batch(answer: object) -> str:
 
 # ---- 01: the math -------------------------------------------------------------------------
 
-def _find_the_bug(answer: object, *, loops: Mapping[str, Callable]) -> str:
-    inputs = torch.randn(16, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+def _sgd_step_error(loop: Callable, accumulation_steps: int, seed: int) -> tuple[float, float]:
+    """Run ``loop(model, SGD(lr=1), micro_batches, k)`` for one window of a toy problem;
+    return the largest difference of its update from the large batch's step, and the ratio of
+    the two updates' norms."""
+    inputs = torch.randn(16, 5, generator=torch.Generator().manual_seed(seed),
+                         dtype=torch.float64)
     labels = torch.arange(16) % 3
-    micro_batches = split_into_micro_batches((inputs, labels), accumulation_steps=4)
+    micro_batches = split_into_micro_batches((inputs, labels),
+                                             accumulation_steps=accumulation_steps)
     model = make_mlp(5, 8, 3, seed=0)
-    truth = full_batch_gradients(model, sample_classification_loss, (inputs, labels))
-    wrong = []
-    for name, loop in loops.items():
-        candidate = copy.deepcopy(model)
-        loop(candidate, torch.optim.SGD(candidate.parameters(), lr=1.0), micro_batches, 4)
-        update = {n: p.detach() - dict(model.named_parameters())[n].detach()
-                  for n, p in candidate.named_parameters()}
-        if max_gradient_difference(update, {n: -g for n, g in truth.items()}) > 1e-10:
-            wrong.append(name)
+    truth = {name: -g for name, g in
+             full_batch_gradients(model, sample_classification_loss, (inputs, labels)).items()}
+    candidate = copy.deepcopy(model)
+    loop(candidate, torch.optim.SGD(candidate.parameters(), lr=1.0), micro_batches,
+         accumulation_steps)
+    before = dict(model.named_parameters())
+    update = {n: p.detach() - before[n].detach() for n, p in candidate.named_parameters()}
+    norm = (torch.cat([u.reshape(-1) for u in update.values()]).norm()
+            / torch.cat([t.reshape(-1) for t in truth.values()]).norm()).item()
+    return max_gradient_difference(update, truth), norm
+
+
+def _find_the_bug(answer: object, *, loops: Mapping[str, Callable]) -> str:
+    wrong = [name for name, loop in loops.items() if _sgd_step_error(loop, 4, 0)[0] > 1e-10]
     _require(answer in loops, f"answer must be one of {sorted(loops)}; got {answer!r}")
     _require([answer] == wrong, f"loop {answer} takes the large-batch step; look again")
     return f"loop {answer} is the only one whose step differs from the large batch's"
@@ -156,17 +166,8 @@ def _fit_a_gpu(answer: object) -> str:
     return f"micro-batch {micro} fits, and k = {k} gives {micro * k} samples per step"
 
 
-def _forgot_to_divide(answer: object) -> str:
-    inputs = torch.randn(16, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    labels = torch.arange(16) % 3
-    model = make_mlp(5, 8, 3, seed=0)
-    truth = full_batch_gradients(model, sample_classification_loss, (inputs, labels))
-    # the mean loss of each micro-batch, never divided by k
-    for micro in split_into_micro_batches((inputs, labels), accumulation_steps=4):
-        summed, count = sample_classification_loss(model, micro)
-        (summed / count).backward()
-    ratio = (torch.cat([p.grad.reshape(-1) for p in model.parameters()]).norm()
-             / torch.cat([g.reshape(-1) for g in truth.values()]).norm()).item()
+def _forgot_to_divide(answer: object, *, loop: Callable) -> str:
+    _, ratio = _sgd_step_error(loop, 4, 2)
     _require(abs(_number(answer, "answer (ratio)") - ratio) <= 1e-6 * ratio,
              f"{answer} is not the measured ratio")
     return f"the update is {ratio:.6f} x the large batch's: k times too large"
@@ -315,7 +316,7 @@ def check_exercise(exercise_id: str, answer: object, **context: object) -> bool 
 
     Returns None (and says so) when ``answer`` is None, True when the computed check passes;
     raises :class:`WrongAnswer` when it does not. ``context`` passes what an exercise needs
-    from its notebook cell (01.1: ``loops={"A": ..., ...}``).
+    from its notebook cell (01.1: ``loops={"A": ..., ...}``; 02.2: ``loop=...``).
     """
     if exercise_id not in EXERCISES:
         raise KeyError(f"no exercise {exercise_id!r}; known: {sorted(EXERCISES)}")
