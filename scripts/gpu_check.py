@@ -351,6 +351,18 @@ def _mib(value: float | None) -> str:
     return "–" if value is None else f"{value / 2**20:,.1f}"
 
 
+def _model_table(results: Mapping, key: str, header: str,
+                 cells: Callable[[Mapping, Mapping], str]) -> list[str]:
+    """A markdown table with a row per entry of ``results["models"][name][key]``, each starting
+    with the model's name; ``header`` is the header line, ``cells(model, row)`` the rest of a
+    row (its ``|`` separators included)."""
+    columns = header.count("|") - 1
+    lines = [header, "|" + "---|" * columns]
+    for name, model in results["models"].items():
+        lines += [f"| {name} | {cells(model, row)} |" for row in model[key]]
+    return lines
+
+
 def cuda_markdown(results: Mapping) -> str:
     """Return the markdown of the README's CUDA section for ``results``."""
     device = results["device"]
@@ -364,45 +376,39 @@ def cuda_markdown(results: Mapping) -> str:
              f"**Peak memory of one AdamW step** (effective batch "
              f"{results['sizes']['effective_batch']}): the CUDA allocator's peak (parameters, "
              "AdamW state and all), its growth during the step, the step's own tensors counted "
-             "as on the CPU, and one micro-batch's activations (MiB).", "",
-             "| model | parameters | k | micro-batch | CUDA peak | growth in the step | "
-             "step's tensors | activations |", "|---|---|---|---|---|---|---|---|"]
-    for name, model in results["models"].items():
-        for row in model["memory"]:
-            lines.append(f"| {name} | {model['parameters']:,} | {row['k']} | "
-                         f"{row['micro_batch_size']} | {_mib(row['cuda_peak_bytes'])} | "
-                         f"{_mib(row['cuda_growth_bytes'])} | "
-                         f"{_mib(row['tensor_peak_bytes'])} | {_mib(row['activation_bytes'])} |")
+             "as on the CPU, and one micro-batch's activations (MiB).", ""]
+    lines += _model_table(
+        results, "memory", "| model | parameters | k | micro-batch | CUDA peak | growth in the "
+        "step | step's tensors | activations |",
+        lambda model, row: f"{model['parameters']:,} | {row['k']} | {row['micro_batch_size']} | "
+        f"{_mib(row['cuda_peak_bytes'])} | {_mib(row['cuda_growth_bytes'])} | "
+        f"{_mib(row['tensor_peak_bytes'])} | {_mib(row['activation_bytes'])}")
     lines += ["", f"**Precision against the fp32 truth**: one SGD step of the engine against "
               "one from the full-batch fp32 gradient (`audit_update`), relative "
               "update difference; tolerances fp32 "
               f"{TOLERANCES['fp32']:g}, bf16 {TOLERANCES['bf16']:g}, fp16 "
               f"{TOLERANCES['fp16']:g}, and at k > 1 at most {ACCUMULATION_SLACK:g}× the k = 1 "
-              "error (+ the fp32 tolerance).", "",
-              "| model | precision | k | relative update difference | cosine | "
-              "fp16 steps skipped | within tolerance |", "|---|---|---|---|---|---|---|"]
-    for name, model in results["models"].items():
-        for row in model["precision"]:
-            lines.append(f"| {name} | {row['precision']} | {row['k']} | "
-                         f"{row['relative_difference']:.2e} | {row['cosine']:.6f} | "
-                         f"{row['skipped_steps']} | {'yes' if row.get('ok') else 'NO'} |")
+              "error (+ the fp32 tolerance).", ""]
+    lines += _model_table(
+        results, "precision", "| model | precision | k | relative update difference | cosine | "
+        "fp16 steps skipped | within tolerance |",
+        lambda _, row: f"{row['precision']} | {row['k']} | {row['relative_difference']:.2e} | "
+        f"{row['cosine']:.6f} | {row['skipped_steps']} | {'yes' if row.get('ok') else 'NO'}")
     lines += ["", "**Time per sample against micro-batch size** (fp32, AdamW, the library's "
-              "loop):", "", "| model | micro-batch | k | ms per sample | step time / largest "
-              "micro-batch |", "|---|---|---|---|---|"]
-    for name, model in results["models"].items():
-        for row in model["micro_batch_time"]:
-            lines.append(f"| {name} | {row['micro_batch_size']} | {row['k']} | "
-                         f"{1e3 * row['seconds_per_sample']:.2f} | "
-                         f"{row['ratio_to_largest']:.2f} |")
+              "loop):", ""]
+    lines += _model_table(
+        results, "micro_batch_time", "| model | micro-batch | k | ms per sample | step time / "
+        "largest micro-batch |",
+        lambda _, row: f"{row['micro_batch_size']} | {row['k']} | "
+        f"{1e3 * row['seconds_per_sample']:.2f} | {row['ratio_to_largest']:.2f}")
     lines += ["", "**Library loop against the bare nanoGPT loop and Accelerate** (fp32, AdamW, "
-              "one optimizer step):", "", "| model | k | library / bare (median) | "
-              "library / Accelerate (median) | library ms (min–max) |", "|---|---|---|---|---|"]
-    for name, model in results["models"].items():
-        for row in model["loop_overhead"]:
-            library = row["library"]
-            lines.append(f"| {name} | {row['k']} | {row['library_vs_bare']:.3f} | "
-                         f"{row['library_vs_accelerate']:.3f} | {1e3 * library['median']:.1f} "
-                         f"({1e3 * library['min']:.1f}–{1e3 * library['max']:.1f}) |")
+              "one optimizer step):", ""]
+    lines += _model_table(
+        results, "loop_overhead", "| model | k | library / bare (median) | library / Accelerate "
+        "(median) | library ms (min–max) |",
+        lambda _, row: f"{row['k']} | {row['library_vs_bare']:.3f} | "
+        f"{row['library_vs_accelerate']:.3f} | {1e3 * row['library']['median']:.1f} "
+        f"({1e3 * row['library']['min']:.1f}–{1e3 * row['library']['max']:.1f})")
     return "\n".join(lines)
 
 

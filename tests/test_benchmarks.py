@@ -3,17 +3,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
+from script_loader import load_script
 
 
 def test_quick_benchmark_writes_json_table_and_figure(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_run", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("benchmarks/run.py")
     (tmp_path / "README.md").write_text(
         f"# kept header\n\n{module.START}\nold table\n{module.END}\nkept footer\n")
     assert module.main(["--quick", "--out", str(tmp_path)]) == 0

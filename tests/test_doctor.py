@@ -12,13 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "doctor.py"
-spec = importlib.util.spec_from_file_location("doctor", SCRIPT)
-doctor = importlib.util.module_from_spec(spec)
-sys.modules["doctor"] = doctor  # dataclasses look their module up by name
-spec.loader.exec_module(doctor)
+doctor = load_script("scripts/doctor.py")
 
 LINE = re.compile(r"^(OK|WARN|FAIL) +([a-z_]+): (.+)$")
 

@@ -8,7 +8,6 @@ notebook timer's ok / failed / stopped / not-run paths on tiny notebooks.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,12 +18,11 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
-spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-gpu_check = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gpu_check)
+gpu_check = load_script("scripts/gpu_check.py")
 
 NO_GPU = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no CUDA, even on a GPU machine
 

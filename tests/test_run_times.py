@@ -4,19 +4,16 @@ rounded figure."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
 
 import nbformat
 import pytest
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "execute_notebooks.py"
-spec = importlib.util.spec_from_file_location("execute_notebooks_times", SCRIPT)
-execute_notebooks = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(execute_notebooks)
+execute_notebooks = load_script("scripts/execute_notebooks.py")
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("0*.ipynb"))
 

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import nbformat
+from script_loader import load_script
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "execute_notebooks.py"
-spec = importlib.util.spec_from_file_location("execute_notebooks", SCRIPT)
-execute_notebooks = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(execute_notebooks)
+execute_notebooks = load_script("scripts/execute_notebooks.py")
 
 
 def test_execute_writes_outputs_and_counts_in_order(tmp_path):

@@ -8,22 +8,17 @@ needed; small synthetic inputs cover the parser and the CDN mode.
 from __future__ import annotations
 
 import html
-import importlib.util
 import json
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "build_site.py"
-spec = importlib.util.spec_from_file_location("build_site", SCRIPT)
-build_site = importlib.util.module_from_spec(spec)
-sys.modules["build_site"] = build_site  # dataclasses look their module up by name
-spec.loader.exec_module(build_site)
+build_site = load_script("scripts/build_site.py")
 
 STATE_SCRIPT = '<script type="application/vnd.jupyter.widget-state+json">'
 VIEW_SCRIPT = '<script type="application/vnd.jupyter.widget-view+json">'
