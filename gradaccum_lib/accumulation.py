@@ -7,16 +7,19 @@ Per window of up to ``accumulation_steps`` micro-batches, on every rank:
    divided by a provisional normaliser; the gradient is synchronised across ranks only on the
    window's LAST micro-step (DDP: the others run forward AND backward inside ``no_sync()``;
    FSDP2: ``set_requires_gradient_sync(False)``);
-3. one small all-reduce of the window's item count and loss over every rank;
+3. the window's item count and loss summed over every rank: under DDP carried in the
+   gradient all-reduce of the last micro-step (``distributed.WindowTotals``: no collective of
+   its own), else one small all-reduce started before the last backward pass;
 4. the gradient rescaled once to the mean over the GLOBAL window's items (gradients are
    linear in the loss, so this is exact: uneven micro-batches, uneven ranks, variable-length
    token losses and a partial last window included);
 5. fp16 ``GradScaler`` unscale, clipping, one optimizer step, one scheduler step.
 
 The provisional normaliser keeps gradients near mean-loss scale during the window (fp16 loss
-scaling needs that): the first micro-batch's item count times the window length, and across
-ranks (where it must be one number: DDP averages what the ranks hold) that times the world
-size, fixed once by an all-reduce at the first window.
+scaling needs that): the first micro-batch's item count times the window length; across ranks
+(where it must be one number) the largest of those, fixed once by an all-reduce at the first
+window. DDP's average then divides by the world size, so when every micro-batch holds the same
+number of items the gradient is already the global mean and step 4 does nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from .batches import Batch, LossFn, NonFiniteLossError, _check_count, _checked_output, windows_of
-from .distributed import full_value, gradient_sync_kind
+from .distributed import attach_window_totals, full_value, gradient_sync_kind
 from .history import TrainingHistory, WindowRecord
 from .resume import ResumeState
 from .runtime import check_positive_int, check_trainer_arguments
@@ -43,6 +46,13 @@ __all__ = ["AccumulationTrainer", "TrainingHistory", "WindowRecord"]
 
 def _at_least_fp32(tensor: Tensor) -> Tensor:  # a 16-bit (autocast) loss, summed in fp32
     return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
+
+
+def _as_tensor(value: Tensor | float, device: torch.device | None = None) -> Tensor:
+    """A loss or count as a tensor (a number read on the CPU goes back as float64)."""
+    if isinstance(value, Tensor):
+        return value
+    return torch.tensor(value, dtype=torch.float64, device=device)
 
 
 class AccumulationTrainer(ResumeState):
@@ -59,6 +69,11 @@ class AccumulationTrainer(ResumeState):
     ``track_grad_norm=False`` skips the norm when not clipping (the history then holds NaN).
     ``sync_every_micro_step=True`` synchronises after every micro-step instead of once per
     window: the same gradient for k times the communication (for comparison only).
+    Under DDP the engine registers its own communication hook at the first window (DDP's
+    default averaging, which also carries the window's totals), unless the model has one:
+    register yours before the first window (a ``CommCounter`` registered with
+    ``CommCounter.register`` carries them too; any other hook costs one small all-reduce a
+    window).
     """
 
     def __init__(
@@ -106,6 +121,8 @@ class AccumulationTrainer(ResumeState):
             "cuda", torch.cuda.current_device()) if (
             distributed and dist.get_backend() == "nccl") else torch.device("cpu")
         self._common_normaliser: float | None = None  # across ranks, fixed at the first window
+        self._carrier: Any = None  # DDP: the WindowTotals its gradient all-reduce carries
+        self._carrier_checked = False
         # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range
         self.scaler = (torch.amp.GradScaler(self.device_type)
                        if amp_dtype == torch.float16 and self.device_type == "cuda" else None)
@@ -188,6 +205,12 @@ class AccumulationTrainer(ResumeState):
             raise ValueError(f"window holds {len(window)} micro-batches but accumulation_steps "
                              f"is {self.accumulation_steps}; pass at most that many")
         self.optimizer.zero_grad(set_to_none=True)
+        if not self._carrier_checked:  # at the first window: a hook registered after the
+            self._carrier_checked = True  # engine was built, before training, is respected
+            if self.world_size > 1:
+                self._carrier = attach_window_totals(self.model)
+        if self._carrier is not None:
+            self._carrier.take()  # nothing left over from a window that raised
         summed_losses, counts, normaliser, totals = self._accumulate(window)
         total_items, total_loss = self._window_totals(summed_losses, counts, totals)
         for observer in self.observers:
@@ -219,12 +242,13 @@ class AccumulationTrainer(ResumeState):
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.amp_dtype)
 
-    def _accumulate(self, window: Sequence[Batch]) -> tuple[list[Tensor], list, float, Any]:
+    def _accumulate(self, window: Sequence[Batch]) -> tuple[list, list, float, Any]:
         """Forward and backward every micro-batch; return the summed losses, the item counts,
-        the provisional normaliser they were divided by, and the window's totals (across
-        ranks: an all-reduce started before the last backward, which hides its latency)."""
-        summed_losses: list[Tensor] = []
-        counts: list[Tensor | float] = []
+        the provisional normaliser they were divided by, and, across ranks, this rank's totals
+        handed to the last backward's gradient all-reduce or to an all-reduce of their own
+        started before it (None in one process: they are summed after the window)."""
+        summed_losses: list[Tensor | float] = []  # numbers when on the CPU (read at once:
+        counts: list[Tensor | float] = []  # no device to wait for), tensors on an accelerator
         normaliser: Any = None
         totals: Any = None
         last = len(window) - 1
@@ -239,9 +263,11 @@ class AccumulationTrainer(ResumeState):
                     raise ValueError(
                         f"the loss of micro-batch {micro_step} does not require grad: loss_fn "
                         "must not detach it or run under torch.no_grad()")
-                summed_losses.append(_at_least_fp32(summed_loss.detach()))
-                counts.append(count)
-                if micro_step == last:
+                summed_losses.append(summed_loss.item() if summed_loss.device.type == "cpu"
+                                     else _at_least_fp32(summed_loss.detach()))
+                counts.append(count.item() if isinstance(count, Tensor)
+                              and count.device.type == "cpu" else count)
+                if micro_step == last and self.world_size > 1:
                     totals = self._start_totals(summed_losses, counts)
                 loss = _at_least_fp32(summed_loss) / normaliser
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
@@ -254,44 +280,73 @@ class AccumulationTrainer(ResumeState):
         """The provisional normaliser: per window in one process; one constant across ranks."""
         if self.world_size == 1:
             if isinstance(first_count, Tensor):
-                return first_count.clamp(min=1.0) * window_length  # stays on the device
+                if first_count.device.type != "cpu":
+                    return first_count.clamp(min=1.0) * window_length  # no host sync
+                first_count = first_count.item()  # on the CPU: a number, no tensor operators
             return (first_count if first_count >= 1.0 else 1.0) * window_length
         if self._common_normaliser is None:
             count = float(first_count)  # an invalid count is refused after the window; the
             count = count if math.isfinite(count) and count >= 1.0 else 1.0  # cache stays sane
-            local = count * window_length * self.world_size
+            local = count * window_length  # DDP's average supplies the world size
             value = torch.tensor([local], dtype=torch.float64, device=self._reduce_device)
             dist.all_reduce(value, op=dist.ReduceOp.MAX)
             self._common_normaliser = float(value.item())
         return self._common_normaliser
 
-    def _start_totals(self, summed_losses: list[Tensor], counts: list) -> Any:
+    def _start_totals(self, summed_losses: list, counts: list) -> Any:
         """This rank's [items, finite loss sum, non-finite losses, invalid counts] (float64,
-        no host sync), and across ranks the handle of its asynchronous all-reduce."""
-        losses = torch.stack(summed_losses).to(torch.float64)  # one cast, not one per loss
-        if all(isinstance(c, Tensor) for c in counts):
-            items = torch.stack(counts).to(device=losses.device, dtype=torch.float64)
-        else:  # plain numbers (a mix syncs once here)
-            items = torch.tensor([float(c) for c in counts], dtype=torch.float64,
-                                 device=losses.device)
-        valid, finite = torch.isfinite(items) & (items >= 0), torch.isfinite(losses)
-        local = torch.stack([torch.where(valid, items, 0.0).sum(),
-                             torch.where(finite, losses, 0.0).sum(),
-                             (~finite).sum().to(torch.float64),
-                             (~valid).sum().to(torch.float64)]).to(self._reduce_device)
-        if self.world_size == 1:
+        no host sync), and the handle of their all-reduce: None when the last backward's
+        gradient all-reduce carries them (DDP)."""
+        if not any(isinstance(value, Tensor) for value in (*summed_losses, *counts)):
+            local = torch.tensor(self._local_totals(summed_losses, counts),
+                                 dtype=torch.float64, device=self._reduce_device)
+        else:  # on an accelerator: summed there, without waiting for it
+            losses = torch.stack([_as_tensor(loss) for loss in summed_losses]).to(torch.float64)
+            items = torch.stack([_as_tensor(c, losses.device) for c in counts]).to(
+                device=losses.device, dtype=torch.float64)
+            valid, finite = torch.isfinite(items) & (items >= 0), torch.isfinite(losses)
+            local = torch.stack([torch.where(valid, items, 0.0).sum(),
+                                 torch.where(finite, losses, 0.0).sum(),
+                                 (~finite).sum().to(torch.float64),
+                                 (~valid).sum().to(torch.float64)]).to(self._reduce_device)
+        if self._carrier is not None:
+            self._carrier.pending = local
             return local, None
         return local, dist.all_reduce(local, async_op=True)
 
-    def _window_totals(self, summed_losses: list[Tensor], counts: list,
+    @staticmethod
+    def _local_totals(summed_losses: list, counts: list) -> list[float]:
+        """[items, finite loss sum, non-finite losses, invalid counts] of this rank, in
+        numbers (tensors on an accelerator: one host read of the losses, one of the counts)."""
+        losses = (torch.stack(summed_losses).tolist()
+                  if any(isinstance(loss, Tensor) for loss in summed_losses) else summed_losses)
+        items = (torch.stack(counts).tolist() if all(isinstance(c, Tensor) for c in counts)
+                 else [float(c) for c in counts])
+        valid = [math.isfinite(c) and c >= 0 for c in items]
+        finite = [math.isfinite(loss) for loss in losses]
+        return [float(sum(c for c, ok in zip(items, valid, strict=True) if ok)),
+                float(sum(loss for loss, ok in zip(losses, finite, strict=True) if ok)),
+                float(finite.count(False)), float(valid.count(False))]
+
+    def _window_totals(self, summed_losses: list, counts: list,
                        totals: Any) -> tuple[float, float]:
         """The GLOBAL window's item count and summed loss (one sync); raise on every rank,
         with no step taken, on a non-finite loss, an invalid count or a window without
         items (the rank that holds the bad micro-batch names it)."""
-        packed, work = totals
-        if work is not None:
-            work.wait()
-        total_items, total_loss, bad, invalid = packed.tolist()
+        if totals is None:
+            values = self._local_totals(summed_losses, counts)
+        else:
+            packed, work = totals
+            if work is not None:
+                work.wait()
+            elif self._carrier is not None:
+                received = self._carrier.take()
+                if received is None:  # no float32/float64 bucket carried them: every rank
+                    dist.all_reduce(packed)  # sees the same buckets, so all come here
+                else:
+                    packed = received
+            values = packed.tolist()
+        total_items, total_loss, bad, invalid = values
         if invalid or bad:
             self.optimizer.zero_grad(set_to_none=True)
         if invalid:
@@ -301,8 +356,8 @@ class AccumulationTrainer(ResumeState):
                              "(negative or not finite)")
         if bad:
             for micro_step, loss in enumerate(summed_losses):
-                if not torch.isfinite(loss).item():
-                    raise NonFiniteLossError(micro_step, loss.item())
+                if not math.isfinite(float(loss)):
+                    raise NonFiniteLossError(micro_step, float(loss))
             raise NonFiniteLossError(-1, float("nan"), where="on another rank")
         if total_items <= 0:
             self.optimizer.zero_grad(set_to_none=True)
@@ -327,7 +382,13 @@ class AccumulationTrainer(ResumeState):
             norm = torch.nn.utils.clip_grad_norm_(parameters, self.max_grad_norm)
         elif self.track_grad_norm:  # the norm only, for the history: no pass that multiplies
             grads = [p.grad for p in parameters if p.grad is not None]
-            norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+            if not grads:
+                return 0.0
+            if any(hasattr(g, "full_tensor") for g in grads) or len(
+                    {(g.device, g.dtype) for g in grads}) > 1:
+                norm = torch.nn.utils.get_total_norm(grads)  # DTensors, mixed groups
+            else:  # one dispatch for all gradients (get_total_norm loops over them on a CPU)
+                norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
         else:
             return float("nan")
         return float(full_value(norm))

@@ -188,8 +188,7 @@ def _wrap(base: nn.Module, arguments: argparse.Namespace, ctx: DistributedContex
         from torch.distributed.fsdp import fully_shard
         return fully_shard(base)
     model = DistributedDataParallel(base, static_graph=arguments.trap == "static-graph")
-    # a lambda: DDP rejects string annotations (from __future__) on a hook's bucket
-    model.register_comm_hook(None, lambda state, bucket: counter.hook(state, bucket))
+    counter.register(model)
     return model
 
 

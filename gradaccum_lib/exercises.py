@@ -240,7 +240,7 @@ def _allreduce_bytes(answer: object) -> str:
         try:
             ddp = DistributedDataParallel(model)
             counter = CommCounter()
-            ddp.register_comm_hook(None, lambda state, bucket: counter.hook(state, bucket))
+            counter.register(ddp)
             trainer = AccumulationTrainer(ddp, sample_classification_loss,
                                           torch.optim.SGD(ddp.parameters(), lr=0.1),
                                           accumulation_steps=4, progress=False)

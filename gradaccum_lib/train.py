@@ -203,7 +203,7 @@ def run(arguments: argparse.Namespace) -> dict:
     model: nn.Module = base
     if ctx.world_size > 1:
         model = DistributedDataParallel(base)
-        model.register_comm_hook(None, lambda state, bucket: counter.hook(state, bucket))
+        counter.register(model)
     sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank,
                                  shuffle=True, seed=arguments.seed)
     windows_per_epoch = -(-len(sampler) // (arguments.micro_batch_size

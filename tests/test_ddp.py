@@ -173,3 +173,66 @@ def test_fsdp2_checkpoints_gather_the_shards_and_resume_exactly():
     result = launch(worker, [], nproc_per_node=2, timeout_seconds=180)
     assert result["optimizer_steps"] == 4
     assert result["resumed"] == result["straight"]  # bit for bit, after the resume
+
+
+def test_window_totals_ride_in_the_gradient_all_reduce():
+    worker = str(Path(__file__).resolve().parent / "workers" / "carried_totals.py")
+    result = launch(worker, [], nproc_per_node=2, timeout_seconds=180)
+    reference = result["reference"]
+    for how in ("engine hook", "counter", "user hook"):
+        run = result[how]
+        assert run["items"] == [32.0, 32.0, 32.0]  # 12 + 20: the global count, not 2 x 12
+        assert max(abs(a - b) for a, b in zip(run["parameters"], reference, strict=True)) < 1e-6
+    # no hook, or a CommCounter: one all-reduce a window (the bucket), after the first
+    # window's common normaliser; a hook of the user's: one more, for the totals
+    assert result["engine hook"]["carried"] and result["counter"]["carried"]
+    assert result["engine hook"]["calls_per_window"] == [2, 1, 1]
+    assert result["counter"]["calls_per_window"] == [2, 1, 1]
+    assert not result["user hook"]["carried"]
+    assert result["user hook"]["calls_per_window"] == [3, 2, 2]
+    # carried or not, the same division: the same parameters to the bit
+    assert result["counter"]["parameters"] == result["engine hook"]["parameters"]
+    assert result["user hook"]["parameters"] == result["engine hook"]["parameters"]
+    for carried, own in zip(result["engine hook"]["losses"], result["user hook"]["losses"],
+                           strict=True):
+        assert carried == pytest.approx(own, rel=1e-6)  # float32 halves vs float64
+    # a NaN on rank 1: both ranks raise (rank 1 names its micro-batch), no step anywhere
+    nan = result["nan"]
+    assert "another rank" in nan["raised"][0] and "micro-batch 1" in nan["raised"][1]
+    assert not nan["stepped"] and nan["optimizer_steps"] == 0
+    # bfloat16 buckets cannot hold float64 totals: the engine's own all-reduce, still exact
+    assert result["bfloat16"]["calls_per_window"] == [3]
+    assert result["bfloat16"]["items"] == [32.0]
+
+
+def test_attach_window_totals_rides_only_a_hook_it_owns(tmp_path):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gradaccum_lib.distributed import CommCounter, WindowTotals, attach_window_totals
+
+    assert attach_window_totals(torch.nn.Linear(2, 2)) is None  # not DDP: nothing to ride
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        bare = DistributedDataParallel(torch.nn.Linear(2, 2))
+        carrier = attach_window_totals(bare)  # no hook: the engine's own is registered
+        assert isinstance(carrier, WindowTotals) and len(bare._comm_hooks) == 1
+        assert attach_window_totals(bare) is None  # its hook is taken now
+        counted = DistributedDataParallel(torch.nn.Linear(2, 2))
+        counter = CommCounter()
+        counter.register(counted)
+        assert attach_window_totals(counted) is counter.carrier is not None
+        assert attach_window_totals(counted) is None  # one engine per counter
+        users = DistributedDataParallel(torch.nn.Linear(2, 2))
+        users.register_comm_hook(None, lambda state, bucket: None)
+        assert attach_window_totals(users) is None
+        # one process: the totals come back as sent, the gradient as it was (divided by 1)
+        carrier.pending = torch.tensor([3.0, 1.5, 0.0, 0.0], dtype=torch.float64)
+        bare(torch.ones(1, 2)).sum().backward()
+        assert carrier.take().tolist() == [3.0, 1.5, 0.0, 0.0]
+        assert bare.module.bias.grad.tolist() == [1.0, 1.0]
+        assert carrier.take() is None and carrier.pending is None
+    finally:
+        dist.destroy_process_group()
