@@ -4,11 +4,13 @@
     python benchmarks/run.py --quick    # tiny sizes: checks the harness, not the numbers
 
 Every comparison runs in one process, the contenders interleaved round by round (order
-rotated), after a warm-up; medians with min-max are reported. These machines are noisy: the
-ratios are the result, not the absolute times. Memory is counted, not sampled: activation
-bytes (saved-tensor hooks) and the peak bytes of the tensors a step allocates
-(``tensor_peak_bytes``), the same to the byte on every run. The functions here take the
-model factory, loss and batch they measure, on any device: ``scripts/gpu_check.py`` (``make
+rotated), after a warm-up, with glibc told to keep freed memory
+(``bench.steady_allocator``); ratios are medians of per-round ratios
+(``bench.paired_ratio``), times medians with min-max. These machines are noisy: the ratios
+are the result, not the absolute times. Memory is counted, not sampled: activation bytes
+(saved-tensor hooks) and the peak bytes of the tensors a step allocates
+(``tensor_peak_bytes``), the same to the byte on every run. The functions here take the model
+factory, loss and batch they measure, on any device: ``scripts/gpu_check.py`` (``make
 gpu-check``) imports them for the CUDA numbers.
 """
 
@@ -30,7 +32,7 @@ from torch import nn
 from gradaccum_lib import split_into_micro_batches
 from gradaccum_lib.accumulation import AccumulationTrainer
 from gradaccum_lib.batches import Batch, LossFn, batch_size
-from gradaccum_lib.bench import Timing, time_interleaved
+from gradaccum_lib.bench import Timing, paired_ratio, steady_allocator, time_interleaved
 from gradaccum_lib.cluster import fit_transformer_activations
 from gradaccum_lib.data import (
     encode_records,
@@ -94,40 +96,46 @@ def mean_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 
 def library_loop(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
-                 accumulation_steps: int) -> Callable[[Sequence[Batch]], object]:
-    """Return the engine's ``step_window`` for ``model``: the library's loop."""
+                 accumulation_steps: int, *, track_grad_norm: bool = True,
+                 ) -> Callable[[Sequence[Batch]], object]:
+    """Return the engine's ``step_window`` for ``model``: the library's loop (by default with
+    its gradient-norm history, which the bare loop does not keep)."""
     trainer = AccumulationTrainer(model, loss_fn, optimizer, accumulation_steps=accumulation_steps,
-                                  progress=False)
+                                  progress=False, track_grad_norm=track_grad_norm)
     return trainer.step_window
 
 
 def loop_overhead(name: str, make_model: Callable[[], nn.Module], batch: Batch, loss_fn: LossFn,
                   ks: Sequence[int], repeats: int) -> list[dict]:
-    """Return, per k, the time of one optimizer step of each loop (library, bare nanoGPT,
-    Accelerate) on the same model, data and k, and the library's ratios to the other two.
-    ``make_model`` builds the model on the batch's device (Accelerate moves it to CUDA when
-    there is one)."""
+    """Return, per k, the time of one optimizer step of each loop (library, the library
+    without its gradient-norm history, bare nanoGPT, Accelerate) on the same model, data and
+    k, and the library's paired ratios to the others. ``make_model`` builds the model on the
+    batch's device (Accelerate moves it to CUDA when there is one)."""
     rows = []
     for k in ks:
         window = split_into_micro_batches(batch, accumulation_steps=k)
         steps = {}
-        for label in ("library", "bare", "accelerate"):
+        for label in ("library", "library_no_norm", "bare", "accelerate"):
             model = make_model()
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-            if label == "library":
-                steps[label] = library_loop(model, optimizer, loss_fn, k)
+            if label.startswith("library"):
+                steps[label] = library_loop(model, optimizer, loss_fn, k,
+                                            track_grad_norm=label == "library")
             elif label == "bare":
                 steps[label] = bare_loop(model, optimizer, k, mean_loss)
             else:
                 steps[label] = accelerate_loop(model, optimizer, k, mean_loss)[0]
         loops = {label: (lambda step=step, w=window: step(w)) for label, step in steps.items()}
-        timings = time_interleaved(loops, repeats=repeats, warmup=2)
+        timings = time_interleaved(loops, repeats=repeats, warmup=3)
         row = {"model": name, "k": k, **{label: summary(t) for label, t in timings.items()}}
-        row["library_vs_bare"] = timings["library"].median / timings["bare"].median
-        row["library_vs_accelerate"] = timings["library"].median / timings["accelerate"].median
+        row["library_vs_bare"] = paired_ratio(timings["library"], timings["bare"])
+        row["library_no_norm_vs_bare"] = paired_ratio(timings["library_no_norm"],
+                                                      timings["bare"])
+        row["library_vs_accelerate"] = paired_ratio(timings["library"], timings["accelerate"])
         rows.append(row)
-        print(f"{name:9s} k={k:2d}: library/bare {row['library_vs_bare']:.3f}, "
-              f"library/accelerate {row['library_vs_accelerate']:.3f}", flush=True)
+        print(f"{name:9s} k={k:2d}: library/bare {row['library_vs_bare']:.3f} (no norm "
+              f"{row['library_no_norm_vs_bare']:.3f}), library/accelerate "
+              f"{row['library_vs_accelerate']:.3f}", flush=True)
     return rows
 
 
@@ -253,7 +261,7 @@ def ddp_engine_overhead(quick: bool) -> list[dict]:
     """Return, per k, the engine's step time under DDP against the plain nanoGPT no_sync
     loop's (2 gloo processes)."""
     return launch(str(HERE / "ddp_overhead.py"),
-                  ["--repeats", "3" if quick else "31", "--hidden-dim", "64" if quick else "1024"],
+                  ["--repeats", "3" if quick else "61", "--hidden-dim", "64" if quick else "1024"],
                   nproc_per_node=2, timeout_seconds=600)["rows"]
 
 
@@ -306,11 +314,13 @@ def markdown(results: dict, out: Path = HERE) -> str:
              f"{', ' + m['cuda'] if m['cuda'] else ', no GPU'}"
              f"{' (QUICK RUN: tiny sizes, numbers meaningless)' if results['quick'] else ''}.", "",
              "### 1. Time per optimizer step: library loop vs bare loop vs Accelerate", "",
-             "| model | k | library / bare (median) | library / Accelerate (median) | "
-             "library ms (min–max) |", "|---|---|---|---|---|"]
+             "Ratios: the median over rounds of the two loops' times in the same round.", "",
+             "| model | k | library / bare | library without norm history / bare | "
+             "library / Accelerate | library ms (min–max) |", "|---|---|---|---|---|---|"]
     for row in results["loop_overhead"]:
         lib = row["library"]
         lines.append(f"| {row['model']} | {row['k']} | {row['library_vs_bare']:.3f} | "
+                     f"{row['library_no_norm_vs_bare']:.3f} | "
                      f"{row['library_vs_accelerate']:.3f} | {1e3 * lib['median']:.2f} "
                      f"({1e3 * lib['min']:.2f}–{1e3 * lib['max']:.2f}) |")
     lines += ["", "### 2. Time per sample against micro-batch size (MLP, effective batch "
@@ -347,10 +357,12 @@ def markdown(results: dict, out: Path = HERE) -> str:
                      f"{w['syncs_per_step']:.0f} / {e['syncs_per_step']:.0f} | "
                      f"{1e3 * w['seconds_per_step']:.2f} | {1e3 * e['seconds_per_step']:.2f} |")
     lines += ["", "### 6. DDP, 2 gloo processes: the engine against the plain nanoGPT loop", "",
-              "| k | engine / plain no_sync loop (median) | engine ms (min–max) |", "|---|---|---|"]
+              "| k | engine / plain no_sync loop | engine without norm history / plain | "
+              "engine ms (min–max) |", "|---|---|---|---|"]
     for row in results.get("ddp_engine", []):
         engine = row["engine"]
-        lines.append(f"| {row['k']} | {row['engine_vs_plain']:.3f} | {1e3 * engine['median']:.2f}"
+        lines.append(f"| {row['k']} | {row['engine_vs_plain']:.3f} | "
+                     f"{row['engine_no_norm_vs_plain']:.3f} | {1e3 * engine['median']:.2f}"
                      f" ({1e3 * engine['min']:.2f}–{1e3 * engine['max']:.2f}) |")
     lines += ["", "### 7. CUDA", ""] + cuda_section(out)
     return "\n".join(lines)
@@ -416,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=HERE, help="where to write the results")
     arguments = parser.parse_args(argv)
     quick = arguments.quick
+    steady = steady_allocator()
     torch.manual_seed(0)
     # where accelerate_loop's Accelerator puts the model: every contender runs there
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -434,11 +447,12 @@ def main(argv: list[str] | None = None) -> int:
     def make_wide_mlp() -> nn.Module:
         return make_mlp(features, 1024, 4, dtype=torch.float32).to(device)
 
-    results = {"date": time.strftime("%Y-%m-%d"), "quick": quick, "machine": machine()}
+    results = {"date": time.strftime("%Y-%m-%d"), "quick": quick, "machine": machine(),
+               "steady_allocator": steady}
     results["loop_overhead"] = (
         loop_overhead("MLP", lambda: make_mlp(features, 64 if quick else 1024, 4,
                                               dtype=torch.float32).to(device),
-                      mlp_batch, sample_classification_loss, ks, repeats)
+                      mlp_batch, sample_classification_loss, ks, 3 if quick else 61)
         + loop_overhead("tiny BERT", lambda: make_tiny_bert(len(tokenizer), 10, hidden_size=64,
                                                             max_length=128).to(device),
                         notes, bert_classification_loss, ks, repeats))

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from gradaccum_lib import split_into_micro_batches
-from gradaccum_lib.bench import Timing, time_interleaved
+from gradaccum_lib.bench import Timing, paired_ratio, steady_allocator, time_interleaved
 from gradaccum_lib.data import make_toy_classification
 from gradaccum_lib.losses import sample_classification_loss
 from gradaccum_lib.memory import activation_bytes, cuda_peak_bytes, memory_budget, static_bytes
@@ -133,6 +133,30 @@ def test_time_interleaved_rotates_order_and_reports_medians():
         time_interleaved({"a": lambda: None}, repeats=0)
     with pytest.raises(ValueError, match="at least one callable"):
         time_interleaved({})
+
+
+def test_rounds_run_without_garbage_collection_and_ratios_pair_rounds():
+    import gc
+
+    states = []
+    time_interleaved({"a": lambda: states.append(gc.isenabled())}, repeats=2, warmup=0)
+    assert states == [False, False] and gc.isenabled()  # paused in a round, restored after
+    gc.disable()
+    try:
+        time_interleaved({"a": lambda: None}, repeats=1, warmup=0)
+        assert not gc.isenabled()  # the caller's choice is kept
+    finally:
+        gc.enable()
+    # round by round: 2/1, 4/4, 9/3 -> median 2.0 (the ratio of medians would be 4/3)
+    assert paired_ratio(Timing((2.0, 4.0, 9.0)), Timing((1.0, 4.0, 3.0))) == 2.0
+    with pytest.raises(ValueError, match="same rounds; got 2 and 1 samples"):
+        paired_ratio(Timing((1.0, 2.0)), Timing((1.0,)))
+
+
+def test_steady_allocator_fixes_glibcs_thresholds():
+    assert steady_allocator() is True  # Linux with glibc, as CI runs
+    with pytest.raises(ValueError, match="threshold_bytes must be a positive int"):
+        steady_allocator(0)
 
 
 def test_fit_step_time_recovers_a_line_and_models_windows():
