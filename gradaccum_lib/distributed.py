@@ -188,7 +188,7 @@ def reduce_bucket(bucket: dist.GradBucket, group: dist.ProcessGroup | None = Non
             lambda fut: fut.value()[0])
     carrier.pending = None
     extras = local.to(device=buffer.device, dtype=torch.float64)
-    if buffer.dtype == torch.float32:  # high and low halves: float64's bits in two float32
+    if buffer.dtype == torch.float32:  # high and low halves: about 48 of float64's 53 bits
         high = extras.float()
         extras = torch.cat([high, (extras - high.double()).float()])
     count = buffer.numel()
