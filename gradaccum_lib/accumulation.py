@@ -7,9 +7,8 @@ Per window of up to ``accumulation_steps`` micro-batches, on every rank:
    divided by a provisional normaliser; the gradient is synchronised across ranks only on the
    window's LAST micro-step (DDP: the others run forward AND backward inside ``no_sync()``;
    FSDP2: ``set_requires_gradient_sync(False)``);
-3. the window's item count and loss summed over every rank: under DDP carried in the
-   gradient all-reduce of the last micro-step (``distributed.WindowTotals``: no collective of
-   its own), else one small all-reduce started before the last backward pass;
+3. the window's item count and loss summed over every rank (``totals``): under DDP inside the
+   last gradient all-reduce (``comm_hooks``), else one small all-reduce before that backward;
 4. the gradient rescaled once to the mean over the GLOBAL window's items (gradients are
    linear in the loss, so this is exact: uneven micro-batches, uneven ranks, variable-length
    token losses and a partial last window included);
@@ -35,24 +34,20 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from .batches import Batch, LossFn, NonFiniteLossError, _check_count, _checked_output, windows_of
-from .distributed import attach_window_totals, full_value, gradient_sync_kind
+from .batches import Batch, LossFn, NonFiniteLossError, _checked_output, windows_of
+from .comm_hooks import attach_window_totals
+from .distributed import full_value, gradient_sync_kind
+from .gradients import gradient_norm, scale_gradients_
 from .history import TrainingHistory, WindowRecord
 from .resume import ResumeState
 from .runtime import check_positive_int, check_trainer_arguments
+from .totals import checked_totals, device_totals, local_totals
 
 __all__ = ["AccumulationTrainer", "TrainingHistory", "WindowRecord"]
 
 
 def _at_least_fp32(tensor: Tensor) -> Tensor:  # a 16-bit (autocast) loss, summed in fp32
     return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
-
-
-def _as_tensor(value: Tensor | float, device: torch.device | None = None) -> Tensor:
-    """A loss or count as a tensor (a number read on the CPU goes back as float64)."""
-    if isinstance(value, Tensor):
-        return value
-    return torch.tensor(value, dtype=torch.float64, device=device)
 
 
 class AccumulationTrainer(ResumeState):
@@ -69,11 +64,9 @@ class AccumulationTrainer(ResumeState):
     ``track_grad_norm=False`` skips the norm when not clipping (the history then holds NaN).
     ``sync_every_micro_step=True`` synchronises after every micro-step instead of once per
     window: the same gradient for k times the communication (for comparison only).
-    Under DDP the engine registers its own communication hook at the first window (DDP's
-    default averaging, which also carries the window's totals), unless the model has one:
-    register yours before the first window (a ``CommCounter`` registered with
-    ``CommCounter.register`` carries them too; any other hook costs one small all-reduce a
-    window).
+    Under DDP the engine registers its own comm hook at the first window (DDP's averaging,
+    carrying the window's totals) unless the model has one: register yours before that (a
+    ``CommCounter.register``-ed counter carries them too; any other costs one all-reduce).
     """
 
     def __init__(
@@ -121,8 +114,8 @@ class AccumulationTrainer(ResumeState):
             "cuda", torch.cuda.current_device()) if (
             distributed and dist.get_backend() == "nccl") else torch.device("cpu")
         self._common_normaliser: float | None = None  # across ranks, fixed at the first window
-        self._carrier: Any = None  # DDP: the WindowTotals its gradient all-reduce carries
-        self._carrier_checked = False
+        self._carrier: Any = ...  # DDP: the WindowTotals its gradient all-reduce carries (or
+        # None); ... until the first window looks (a hook registered after __init__ counts)
         # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range
         self.scaler = (torch.amp.GradScaler(self.device_type)
                        if amp_dtype == torch.float16 and self.device_type == "cuda" else None)
@@ -205,10 +198,8 @@ class AccumulationTrainer(ResumeState):
             raise ValueError(f"window holds {len(window)} micro-batches but accumulation_steps "
                              f"is {self.accumulation_steps}; pass at most that many")
         self.optimizer.zero_grad(set_to_none=True)
-        if not self._carrier_checked:  # at the first window: a hook registered after the
-            self._carrier_checked = True  # engine was built, before training, is respected
-            if self.world_size > 1:
-                self._carrier = attach_window_totals(self.model)
+        if self._carrier is ...:
+            self._carrier = attach_window_totals(self.model) if self.world_size > 1 else None
         if self._carrier is not None:
             self._carrier.take()  # nothing left over from a window that raised
         summed_losses, counts, normaliser, totals = self._accumulate(window)
@@ -294,47 +285,25 @@ class AccumulationTrainer(ResumeState):
         return self._common_normaliser
 
     def _start_totals(self, summed_losses: list, counts: list) -> Any:
-        """This rank's [items, finite loss sum, non-finite losses, invalid counts] (float64,
-        no host sync), and the handle of their all-reduce: None when the last backward's
-        gradient all-reduce carries them (DDP)."""
-        if not any(isinstance(value, Tensor) for value in (*summed_losses, *counts)):
-            local = torch.tensor(self._local_totals(summed_losses, counts),
-                                 dtype=torch.float64, device=self._reduce_device)
-        else:  # on an accelerator: summed there, without waiting for it
-            losses = torch.stack([_as_tensor(loss) for loss in summed_losses]).to(torch.float64)
-            items = torch.stack([_as_tensor(c, losses.device) for c in counts]).to(
-                device=losses.device, dtype=torch.float64)
-            valid, finite = torch.isfinite(items) & (items >= 0), torch.isfinite(losses)
-            local = torch.stack([torch.where(valid, items, 0.0).sum(),
-                                 torch.where(finite, losses, 0.0).sum(),
-                                 (~finite).sum().to(torch.float64),
-                                 (~valid).sum().to(torch.float64)]).to(self._reduce_device)
+        """This rank's totals (``totals.local_totals``, float64, no host sync), and the handle
+        of their all-reduce: None when the last backward's gradient all-reduce carries them."""
+        if any(isinstance(value, Tensor) for value in (*summed_losses, *counts)):
+            local = device_totals(summed_losses, counts).to(self._reduce_device)
+        else:
+            local = torch.tensor(local_totals(summed_losses, counts), dtype=torch.float64,
+                                 device=self._reduce_device)
         if self._carrier is not None:
             self._carrier.pending = local
             return local, None
         return local, dist.all_reduce(local, async_op=True)
 
-    @staticmethod
-    def _local_totals(summed_losses: list, counts: list) -> list[float]:
-        """[items, finite loss sum, non-finite losses, invalid counts] of this rank, in
-        numbers (tensors on an accelerator: one host read of the losses, one of the counts)."""
-        losses = (torch.stack(summed_losses).tolist()
-                  if any(isinstance(loss, Tensor) for loss in summed_losses) else summed_losses)
-        items = (torch.stack(counts).tolist() if all(isinstance(c, Tensor) for c in counts)
-                 else [float(c) for c in counts])
-        valid = [math.isfinite(c) and c >= 0 for c in items]
-        finite = [math.isfinite(loss) for loss in losses]
-        return [float(sum(c for c, ok in zip(items, valid, strict=True) if ok)),
-                float(sum(loss for loss, ok in zip(losses, finite, strict=True) if ok)),
-                float(finite.count(False)), float(valid.count(False))]
-
     def _window_totals(self, summed_losses: list, counts: list,
                        totals: Any) -> tuple[float, float]:
         """The GLOBAL window's item count and summed loss (one sync); raise on every rank,
-        with no step taken, on a non-finite loss, an invalid count or a window without
-        items (the rank that holds the bad micro-batch names it)."""
+        with no step taken and the gradients cleared, on a non-finite loss, an invalid count
+        or a window without items (``totals.checked_totals``)."""
         if totals is None:
-            values = self._local_totals(summed_losses, counts)
+            values = local_totals(summed_losses, counts)
         else:
             packed, work = totals
             if work is not None:
@@ -346,34 +315,15 @@ class AccumulationTrainer(ResumeState):
                 else:
                     packed = received
             values = packed.tolist()
-        total_items, total_loss, bad, invalid = values
-        if invalid or bad:
+        try:
+            return checked_totals(values, summed_losses, counts, self.windows_done)
+        except (ValueError, NonFiniteLossError):
             self.optimizer.zero_grad(set_to_none=True)
-        if invalid:
-            for micro_step, count in enumerate(counts):
-                _check_count(float(count), micro_step)
-            raise ValueError("a micro-batch on another rank returned an invalid num_items "
-                             "(negative or not finite)")
-        if bad:
-            for micro_step, loss in enumerate(summed_losses):
-                if not math.isfinite(float(loss)):
-                    raise NonFiniteLossError(micro_step, float(loss))
-            raise NonFiniteLossError(-1, float("nan"), where="on another rank")
-        if total_items <= 0:
-            self.optimizer.zero_grad(set_to_none=True)
-            raise ValueError(f"window {self.windows_done} covers no items (every num_items "
-                             "was 0 on every rank)")
-        return total_items, total_loss
+            raise
 
     def _rescale(self, factor: float) -> None:
-        grads = [p.grad for p in self._parameters() if p.grad is not None]
-        if factor != 1.0 and grads:  # equal counts (common): nothing to rescale
-            with torch.no_grad():
-                if any(hasattr(g, "full_tensor") for g in grads):  # DTensors (FSDP2)
-                    for grad in grads:
-                        grad.mul_(factor)
-                else:
-                    torch._foreach_mul_(grads, factor)
+        if factor != 1.0:  # equal counts (common): nothing to rescale
+            scale_gradients_([p.grad for p in self._parameters() if p.grad is not None], factor)
 
     def _clip(self) -> float:
         """Clip once, on the accumulated gradient; return its norm before clipping."""
@@ -381,14 +331,7 @@ class AccumulationTrainer(ResumeState):
         if self.max_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(parameters, self.max_grad_norm)
         elif self.track_grad_norm:  # the norm only, for the history: no pass that multiplies
-            grads = [p.grad for p in parameters if p.grad is not None]
-            if not grads:
-                return 0.0
-            if any(hasattr(g, "full_tensor") for g in grads) or len(
-                    {(g.device, g.dtype) for g in grads}) > 1:
-                norm = torch.nn.utils.get_total_norm(grads)  # DTensors, mixed groups
-            else:  # one dispatch for all gradients (get_total_norm loops over them on a CPU)
-                norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+            norm = gradient_norm([p.grad for p in parameters if p.grad is not None])
         else:
             return float("nan")
         return float(full_value(norm))

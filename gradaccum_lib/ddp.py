@@ -41,9 +41,9 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from .accumulation import AccumulationTrainer
 from .batches import windows_of
+from .comm_hooks import CommCounter
 from .data import make_toy_classification, make_toy_token_batch
 from .distributed import (
-    CommCounter,
     DistributedContext,
     full_value,
     init_distributed,

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from .accumulation import AccumulationTrainer
 from .batches import split_into_micro_batches, windows_of
-from .distributed import CommCounter
+from .comm_hooks import CommCounter
 from .equivalence import accumulated_gradients, audit_update, full_batch_gradients
 from .frameworks import hf_trainer_step
 from .gradients import max_gradient_difference

@@ -32,9 +32,9 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from .accumulation import AccumulationTrainer
 from .batches import split_into_micro_batches
+from .comm_hooks import CommCounter
 from .data import LABELS, encode_records, load_emr_split, load_tokenizer
 from .distributed import (
-    CommCounter,
     DistributedContext,
     init_distributed,
     process_group_session,

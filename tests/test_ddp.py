@@ -210,7 +210,7 @@ def test_attach_window_totals_rides_only_a_hook_it_owns(tmp_path):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from gradaccum_lib.distributed import CommCounter, WindowTotals, attach_window_totals
+    from gradaccum_lib.comm_hooks import CommCounter, WindowTotals, attach_window_totals
 
     assert attach_window_totals(torch.nn.Linear(2, 2)) is None  # not DDP: nothing to ride
     store = dist.FileStore(str(tmp_path / "store"), 1)

@@ -19,14 +19,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gradaccum_lib.accumulation import AccumulationTrainer
 from gradaccum_lib.batches import NonFiniteLossError, split_into_micro_batches
+from gradaccum_lib.comm_hooks import CommCounter, reduce_bucket
 from gradaccum_lib.data import make_toy_classification
-from gradaccum_lib.distributed import (
-    CommCounter,
-    init_distributed,
-    process_group_session,
-    reduce_bucket,
-    run_worker,
-)
+from gradaccum_lib.distributed import init_distributed, process_group_session, run_worker
 from gradaccum_lib.equivalence import full_batch_gradients
 from gradaccum_lib.losses import sample_classification_loss
 from gradaccum_lib.models import make_mlp
