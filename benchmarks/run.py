@@ -108,20 +108,22 @@ def library_loop(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Lo
 def loop_overhead(name: str, make_model: Callable[[], nn.Module], batch: Batch, loss_fn: LossFn,
                   ks: Sequence[int], repeats: int) -> list[dict]:
     """Return, per k, the time of one optimizer step of each loop (library, the library
-    without its gradient-norm history, bare nanoGPT, Accelerate) on the same model, data and
-    k, and the library's paired ratios to the others. ``make_model`` builds the model on the
-    batch's device (Accelerate moves it to CUDA when there is one)."""
+    without its gradient-norm history, bare nanoGPT, the bare loop again on another copy,
+    Accelerate) on the same model, data and k, and the paired ratios: the library's to the
+    others, and the bare copy's to the bare loop (an A/A control: what a tie measures in this
+    run). ``make_model`` builds the model on the batch's device (Accelerate moves it to CUDA
+    when there is one)."""
     rows = []
     for k in ks:
         window = split_into_micro_batches(batch, accumulation_steps=k)
         steps = {}
-        for label in ("library", "library_no_norm", "bare", "accelerate"):
+        for label in ("library", "library_no_norm", "bare", "bare_copy", "accelerate"):
             model = make_model()
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
             if label.startswith("library"):
                 steps[label] = library_loop(model, optimizer, loss_fn, k,
                                             track_grad_norm=label == "library")
-            elif label == "bare":
+            elif label.startswith("bare"):
                 steps[label] = bare_loop(model, optimizer, k, mean_loss)
             else:
                 steps[label] = accelerate_loop(model, optimizer, k, mean_loss)[0]
@@ -132,9 +134,11 @@ def loop_overhead(name: str, make_model: Callable[[], nn.Module], batch: Batch, 
         row["library_no_norm_vs_bare"] = paired_ratio(timings["library_no_norm"],
                                                       timings["bare"])
         row["library_vs_accelerate"] = paired_ratio(timings["library"], timings["accelerate"])
+        row["bare_copy_vs_bare"] = paired_ratio(timings["bare_copy"], timings["bare"])
         rows.append(row)
         print(f"{name:9s} k={k:2d}: library/bare {row['library_vs_bare']:.3f} (no norm "
-              f"{row['library_no_norm_vs_bare']:.3f}), library/accelerate "
+              f"{row['library_no_norm_vs_bare']:.3f}; bare copy/bare "
+              f"{row['bare_copy_vs_bare']:.3f}), library/accelerate "
               f"{row['library_vs_accelerate']:.3f}", flush=True)
     return rows
 
@@ -261,7 +265,7 @@ def ddp_engine_overhead(quick: bool) -> list[dict]:
     """Return, per k, the engine's step time under DDP against the plain nanoGPT no_sync
     loop's (2 gloo processes)."""
     return launch(str(HERE / "ddp_overhead.py"),
-                  ["--repeats", "3" if quick else "61", "--hidden-dim", "64" if quick else "1024"],
+                  ["--repeats", "3" if quick else "121", "--hidden-dim", "64" if quick else "1024"],
                   nproc_per_node=2, timeout_seconds=600)["rows"]
 
 
@@ -314,13 +318,16 @@ def markdown(results: dict, out: Path = HERE) -> str:
              f"{', ' + m['cuda'] if m['cuda'] else ', no GPU'}"
              f"{' (QUICK RUN: tiny sizes, numbers meaningless)' if results['quick'] else ''}.", "",
              "### 1. Time per optimizer step: library loop vs bare loop vs Accelerate", "",
-             "Ratios: the median over rounds of the two loops' times in the same round.", "",
+             "Ratios: the median over rounds of the two loops' times in the same round. *Bare "
+             "copy*: the bare loop on another copy of the model, what a tie measures in this "
+             "run.", "",
              "| model | k | library / bare | library without norm history / bare | "
-             "library / Accelerate | library ms (min–max) |", "|---|---|---|---|---|---|"]
+             "bare copy / bare | library / Accelerate | library ms (min–max) |",
+             "|---|---|---|---|---|---|---|"]
     for row in results["loop_overhead"]:
         lib = row["library"]
         lines.append(f"| {row['model']} | {row['k']} | {row['library_vs_bare']:.3f} | "
-                     f"{row['library_no_norm_vs_bare']:.3f} | "
+                     f"{row['library_no_norm_vs_bare']:.3f} | {row['bare_copy_vs_bare']:.3f} | "
                      f"{row['library_vs_accelerate']:.3f} | {1e3 * lib['median']:.2f} "
                      f"({1e3 * lib['min']:.2f}–{1e3 * lib['max']:.2f}) |")
     lines += ["", "### 2. Time per sample against micro-batch size (MLP, effective batch "
@@ -357,12 +364,19 @@ def markdown(results: dict, out: Path = HERE) -> str:
                      f"{w['syncs_per_step']:.0f} / {e['syncs_per_step']:.0f} | "
                      f"{1e3 * w['seconds_per_step']:.2f} | {1e3 * e['seconds_per_step']:.2f} |")
     lines += ["", "### 6. DDP, 2 gloo processes: the engine against the plain nanoGPT loop", "",
+              "Each timed call starts after a barrier. *Plain carrying the totals*: the plain "
+              "loop whose last backward carries the window's item count and loss sum as the "
+              "engine's does (the price of the exact global mean, alone). *Plain copy*: the "
+              "plain loop on another copy of the model, what a tie measures in this run.", "",
               "| k | engine / plain no_sync loop | engine without norm history / plain | "
-              "engine ms (min–max) |", "|---|---|---|---|"]
+              "plain carrying the totals / plain | plain copy / plain | engine ms (min–max) |",
+              "|---|---|---|---|---|---|"]
     for row in results.get("ddp_engine", []):
         engine = row["engine"]
         lines.append(f"| {row['k']} | {row['engine_vs_plain']:.3f} | "
-                     f"{row['engine_no_norm_vs_plain']:.3f} | {1e3 * engine['median']:.2f}"
+                     f"{row['engine_no_norm_vs_plain']:.3f} | "
+                     f"{row['plain_carrying_vs_plain']:.3f} | {row['plain_copy_vs_plain']:.3f} | "
+                     f"{1e3 * engine['median']:.2f}"
                      f" ({1e3 * engine['min']:.2f}–{1e3 * engine['max']:.2f}) |")
     lines += ["", "### 7. CUDA", ""] + cuda_section(out)
     return "\n".join(lines)

@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from .batches import Batch, LossFn, NonFiniteLossError, _checked_output, windows_of
 from .comm_hooks import attach_window_totals
-from .distributed import full_value, gradient_sync_kind
+from .distributed import SkippedSync, full_value, gradient_sync_kind
 from .gradients import gradient_norm, scale_gradients_
 from .history import TrainingHistory, WindowRecord
 from .resume import ResumeState
@@ -44,6 +44,7 @@ from .runtime import check_positive_int, check_trainer_arguments
 from .totals import checked_totals, device_totals, local_totals
 
 __all__ = ["AccumulationTrainer", "TrainingHistory", "WindowRecord"]
+_NO_CONTEXT = contextlib.nullcontext()  # reusable: entering it does nothing
 
 
 def _at_least_fp32(tensor: Tensor) -> Tensor:  # a 16-bit (autocast) loss, summed in fp32
@@ -99,6 +100,7 @@ class AccumulationTrainer(ResumeState):
         self.track_grad_norm = track_grad_norm
         self.sync_every_micro_step = sync_every_micro_step
         self.sync_kind = gradient_sync_kind(model)
+        self._skip_sync = SkippedSync(model) if self.sync_kind == "ddp" else None
         distributed = dist.is_available() and dist.is_initialized()
         self.world_size = dist.get_world_size() if distributed else 1
         self.rank = dist.get_rank() if distributed else 0
@@ -223,14 +225,14 @@ class AccumulationTrainer(ResumeState):
         """DDP decides at FORWARD time whether the next backward synchronises; FSDP2 reads
         its flag at backward time. Either way the flag is set before the forward pass."""
         if self.sync_kind == "ddp" and not sync:
-            return self.model.no_sync()
+            return self._skip_sync
         if self.sync_kind == "fsdp2":
             self.model.set_requires_gradient_sync(sync)
-        return contextlib.nullcontext()
+        return _NO_CONTEXT
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.amp_dtype is None:
-            return contextlib.nullcontext()
+            return _NO_CONTEXT
         return torch.autocast(self.device_type, dtype=self.amp_dtype)
 
     def _accumulate(self, window: Sequence[Batch]) -> tuple[list, list, float, Any]:

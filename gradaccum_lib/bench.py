@@ -62,16 +62,21 @@ def _synchronize() -> None:
 
 
 def time_interleaved(
-    functions: Mapping[str, Callable[[], object]], *, repeats: int = 5, warmup: int = 1
+    functions: Mapping[str, Callable[[], object]], *, repeats: int = 5, warmup: int = 1,
+    before: Callable[[], object] | None = None,
 ) -> dict[str, Timing]:
     """Return a :class:`Timing` per named function: ``warmup`` untimed rounds, then ``repeats``
-    rounds in which every function runs once, in an order rotated each round.
+    rounds in which every function runs once, in an order rotated each round. ``before``, if
+    given, runs untimed before every timed call: under DDP a barrier, so that each call's
+    collectives start with every rank there (else one rank's lag lands on the next call).
     """
     if not functions:
         raise ValueError("functions must name at least one callable")
     check_positive_int("repeats", repeats)
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0; got {warmup!r}")
+    if before is not None and not callable(before):
+        raise TypeError(f"before must be a callable or None; got {type(before).__name__}")
     names = list(functions)
     for _ in range(warmup):
         for name in names:
@@ -83,6 +88,8 @@ def time_interleaved(
             shift = round_index % len(names)
             gc.disable()  # a collection lands on whichever call triggers it: between rounds
             for name in names[shift:] + names[:shift]:
+                if before is not None:
+                    before()
                 _synchronize()
                 start = time.perf_counter()
                 functions[name]()

@@ -40,6 +40,7 @@ class WindowTotals:
         self.group = group
         self.pending: torch.Tensor | None = None
         self.received: torch.Tensor | None = None
+        self._packed: torch.Tensor | None = None  # a bucket and the totals, reused
 
     def take(self) -> torch.Tensor | None:
         """Return the received totals (None if no bucket carried them) and clear both slots."""
@@ -47,36 +48,47 @@ class WindowTotals:
         return received
 
 
+def _first(future: torch.futures.Future) -> torch.Tensor:
+    return future.value()[0]
+
+
 def reduce_bucket(bucket: dist.GradBucket, group: dist.ProcessGroup | None = None,
                   carrier: WindowTotals | None = None) -> torch.futures.Future:
     """Average ``bucket`` over the ranks as DDP's default hook does (divide by the world
     size, all-reduce the sum); when ``carrier`` has pending totals and the bucket holds
     float32 or float64 gradients, carry them in the same all-reduce (see
-    :class:`WindowTotals`)."""
+    :class:`WindowTotals`). The hook runs once per bucket on every synchronising backward
+    pass, so it calls the process group directly (``ProcessGroup.allreduce``: what
+    ``dist.all_reduce`` calls after its argument checks)."""
     buffer = bucket.buffer()
-    size = dist.get_world_size(group)
+    group = group if group is not None else dist.group.WORLD
     local = carrier.pending if carrier is not None else None
     if local is None or buffer.dtype not in (torch.float32, torch.float64):
-        buffer.div_(size)
-        return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(
-            lambda fut: fut.value()[0])
+        buffer.div_(group.size())
+        return group.allreduce([buffer]).get_future().then(_first)
     carrier.pending = None
-    extras = local.to(device=buffer.device, dtype=torch.float64)
-    if buffer.dtype == torch.float32:  # high and low halves: about 48 of float64's 53 bits
-        high = extras.float()
-        extras = torch.cat([high, (extras - high.double()).float()])
-    count = buffer.numel()
-    packed = torch.empty(count + extras.numel(), dtype=buffer.dtype, device=buffer.device)
-    torch.div(buffer, size, out=packed[:count])  # the division the default hook does
-    packed[count:] = extras
+    count, extra = buffer.numel(), local.numel()
+    half = buffer.dtype == torch.float32  # high and low halves: about 48 of float64's 53 bits
+    width = count + (2 * extra if half else extra)
+    packed = carrier._packed  # reused: the window's last pass hands DDP a copy to read from
+    if packed is None or packed.numel() != width or packed.dtype != buffer.dtype or (
+            packed.device != buffer.device):
+        packed = carrier._packed = torch.empty(width, dtype=buffer.dtype, device=buffer.device)
+    torch.div(buffer, group.size(), out=packed[:count])  # the division the default hook does
+    local = local.to(device=buffer.device, dtype=torch.float64)
+    if half:
+        high = packed[count:count + extra]
+        high.copy_(local)
+        packed[count + extra:].copy_(local - high)
+    else:
+        packed[count:].copy_(local)
 
-    def unpack(fut: torch.futures.Future) -> torch.Tensor:
-        tail = fut.value()[0][count:].double()
-        half = local.numel()
-        carrier.received = tail if buffer.dtype == torch.float64 else tail[:half] + tail[half:]
+    def unpack(future: torch.futures.Future) -> torch.Tensor:
+        tail = packed[count:].double()
+        carrier.received = tail[:extra] + tail[extra:] if half else tail
         return packed[:count]  # DDP copies the averaged gradients from here
 
-    return dist.all_reduce(packed, group=group, async_op=True).get_future().then(unpack)
+    return group.allreduce([packed]).get_future().then(unpack)
 
 
 def _counter_hook(state, bucket):  # noqa: ANN001, ANN202 - DDP refuses string annotations

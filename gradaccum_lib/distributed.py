@@ -31,6 +31,7 @@ from torch import nn
 
 __all__ = [
     "DistributedContext",
+    "SkippedSync",
     "full_value",
     "gradient_sync_kind",
     "init_distributed",
@@ -125,6 +126,28 @@ def gradient_sync_kind(model: nn.Module) -> str:
     if callable(getattr(model, "set_requires_gradient_sync", None)):
         return "fsdp2"
     return "none"
+
+
+class SkippedSync:
+    """DDP's ``no_sync()`` as one reusable object: ``with skipped:`` turns the model's sync
+    flag off for the forward and backward inside it and restores it after. The engine enters
+    it on every micro-step but a window's last, so it is a class, not a generator made anew
+    each time."""
+
+    __slots__ = ("model", "previous")
+
+    def __init__(self, model: nn.parallel.DistributedDataParallel) -> None:
+        if not isinstance(model, nn.parallel.DistributedDataParallel):
+            raise TypeError(f"SkippedSync needs a DistributedDataParallel model; got "
+                            f"{type(model).__name__}")
+        self.model, self.previous = model, True
+
+    def __enter__(self) -> None:
+        self.previous = self.model.require_backward_grad_sync
+        self.model.require_backward_grad_sync = False
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.model.require_backward_grad_sync = self.previous
 
 
 def full_value(tensor: torch.Tensor) -> torch.Tensor:

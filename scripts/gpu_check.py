@@ -404,9 +404,10 @@ def cuda_markdown(results: Mapping) -> str:
     lines += ["", "**Library loop against the bare nanoGPT loop and Accelerate** (fp32, AdamW, "
               "one optimizer step):", ""]
     lines += _model_table(
-        results, "loop_overhead", "| model | k | library / bare (median) | library / Accelerate "
-        "(median) | library ms (min–max) |",
+        results, "loop_overhead", "| model | k | library / bare (median) | bare copy / bare "
+        "(a tie) | library / Accelerate (median) | library ms (min–max) |",
         lambda _, row: f"{row['k']} | {row['library_vs_bare']:.3f} | "
+        f"{row['bare_copy_vs_bare']:.3f} | "
         f"{row['library_vs_accelerate']:.3f} | {1e3 * row['library']['median']:.1f} "
         f"({1e3 * row['library']['min']:.1f}–{1e3 * row['library']['max']:.1f})")
     return "\n".join(lines)

@@ -18,10 +18,10 @@ def test_quick_benchmark_writes_json_table_and_figure(tmp_path):
     overhead = results["loop_overhead"]
     assert {row["model"] for row in overhead} == {"MLP", "tiny BERT"}
     for row in overhead:
-        for loop in ("library", "library_no_norm", "bare", "accelerate"):
+        for loop in ("library", "library_no_norm", "bare", "bare_copy", "accelerate"):
             assert 0 < row[loop]["min"] <= row[loop]["median"] <= row[loop]["max"]
         assert row["library_vs_bare"] > 0 and row["library_vs_accelerate"] > 0
-        assert row["library_no_norm_vs_bare"] > 0
+        assert row["library_no_norm_vs_bare"] > 0 and row["bare_copy_vs_bare"] > 0
     memory = results["activation_memory"]
     assert [row["k"] for row in memory] == [1, 2, 4]
     assert abs(memory[-1]["ratio_to_1_over_k"] - 1) < 0.05
@@ -42,8 +42,11 @@ def test_quick_benchmark_writes_json_table_and_figure(tmp_path):
     assert ddp[4, "every"]["bytes_per_step"] == 4 * ddp[4, "window"]["bytes_per_step"]
     engine_rows = results["ddp_engine"]
     assert [row["k"] for row in engine_rows] == [1, 2, 4, 8, 16]
-    assert all(row["engine_vs_plain"] > 0 and row["engine_no_norm_vs_plain"] > 0
-               for row in engine_rows)
+    for row in engine_rows:
+        for name in ("engine", "engine_no_norm", "plain", "plain_carrying", "plain_copy"):
+            assert 0 < row[name]["min"] <= row[name]["median"] <= row[name]["max"]
+        assert all(row[f"{name}_vs_plain"] > 0 for name in (
+            "engine", "engine_no_norm", "plain_carrying", "plain_copy"))
     assert results["steady_allocator"] is True  # glibc here
     readme = (tmp_path / "README.md").read_text()
     assert readme.startswith("# kept header") and readme.endswith("kept footer\n")

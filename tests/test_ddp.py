@@ -179,7 +179,7 @@ def test_window_totals_ride_in_the_gradient_all_reduce():
     worker = str(Path(__file__).resolve().parent / "workers" / "carried_totals.py")
     result = launch(worker, [], nproc_per_node=2, timeout_seconds=180)
     reference = result["reference"]
-    for how in ("engine hook", "counter", "user hook"):
+    for how in ("engine hook", "counter", "user hook", "bucket view"):
         run = result[how]
         assert run["items"] == [32.0, 32.0, 32.0]  # 12 + 20: the global count, not 2 x 12
         assert max(abs(a - b) for a, b in zip(run["parameters"], reference, strict=True)) < 1e-6
@@ -192,6 +192,7 @@ def test_window_totals_ride_in_the_gradient_all_reduce():
     assert result["user hook"]["calls_per_window"] == [3, 2, 2]
     # carried or not, the same division: the same parameters to the bit
     assert result["counter"]["parameters"] == result["engine hook"]["parameters"]
+    assert result["bucket view"]["parameters"] == result["engine hook"]["parameters"]
     assert result["user hook"]["parameters"] == result["engine hook"]["parameters"]
     for carried, own in zip(result["engine hook"]["losses"], result["user hook"]["losses"],
                            strict=True):
@@ -234,5 +235,43 @@ def test_attach_window_totals_rides_only_a_hook_it_owns(tmp_path):
         assert carrier.take().tolist() == [3.0, 1.5, 0.0, 0.0]
         assert bare.module.bias.grad.tolist() == [1.0, 1.0]
         assert carrier.take() is None and carrier.pending is None
+    finally:
+        dist.destroy_process_group()
+
+
+def test_skipped_sync_turns_ddps_flag_off_and_restores_it(tmp_path):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gradaccum_lib.comm_hooks import CommCounter
+    from gradaccum_lib.distributed import SkippedSync, gradient_sync_kind
+
+    with pytest.raises(TypeError, match="needs a DistributedDataParallel model; got Linear"):
+        SkippedSync(torch.nn.Linear(2, 2))
+    assert gradient_sync_kind(torch.nn.Linear(2, 2)) == "none"
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        model = DistributedDataParallel(torch.nn.Linear(2, 2))
+        assert gradient_sync_kind(model) == "ddp"
+        counter = CommCounter()
+        counter.register(model)
+        skipped = SkippedSync(model)
+        for _ in range(2):  # reusable
+            with skipped:
+                assert model.require_backward_grad_sync is False
+                model(torch.ones(1, 2)).sum().backward()
+            assert model.require_backward_grad_sync is True
+        assert counter.take()["syncs"] == 0  # no backward inside it synchronised
+        model(torch.ones(1, 2)).sum().backward()
+        assert counter.take()["syncs"] == 1
+        with pytest.raises(RuntimeError, match="inside"), skipped:
+            raise RuntimeError("inside")
+        assert model.require_backward_grad_sync is True  # restored on an error too
+        model.require_backward_grad_sync = False  # a caller's own setting is kept
+        with skipped:
+            pass
+        assert model.require_backward_grad_sync is False
     finally:
         dist.destroy_process_group()

@@ -129,7 +129,8 @@ def _synthetic_results(notebooks: list[dict] | None = None) -> dict:
                    / 1.25, "median": 0.1, "min": 0.09, "max": 0.2} for s in (32, 8, 1)]
         timing_stats = {"median": 0.1, "min": 0.09, "max": 0.12}
         loops = [{"model": "x", "k": k, "library": timing_stats, "bare": timing_stats,
-                  "accelerate": timing_stats, "library_vs_bare": 1.004,
+                  "bare_copy": timing_stats, "accelerate": timing_stats,
+                  "library_vs_bare": 1.004, "bare_copy_vs_bare": 0.997,
                   "library_vs_accelerate": 0.981} for k in (1, 4)]
         precision = [_precision_row("x", p, k, d) for p, k, d in
                      (("fp32", 1, 0.0), ("fp32", 4, 3e-6), ("bf16", 1, 9e-3),
@@ -155,7 +156,7 @@ def test_cuda_markdown_renders_every_table_from_a_results_dict():
     assert "| BERT-base-sized | 86,054,410 | 1 | 32 | 1,600.0 | 1,000.0 | 990.0 | 900.0 |" in text
     assert "| BERT-base-sized | bf16 | 4 | 1.00e-02 | 1.000000 | 0 | yes |" in text
     assert "| tiny BERT | 8 | 4 | 2.00 | 1.60 |" in text
-    assert "| BERT-base-sized | 4 | 1.004 | 0.981 | 100.0 (90.0–120.0) |" in text
+    assert "| BERT-base-sized | 4 | 1.004 | 0.997 | 0.981 | 100.0 (90.0–120.0) |" in text
     for line in text.splitlines():
         if line.startswith("|"):
             assert line.endswith("|")

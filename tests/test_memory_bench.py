@@ -135,6 +135,22 @@ def test_time_interleaved_rotates_order_and_reports_medians():
         time_interleaved({})
 
 
+def test_time_interleaved_runs_before_each_timed_call_untimed():
+    import time
+
+    calls = []
+    timings = time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                               repeats=2, warmup=1, before=lambda: calls.append("|"))
+    assert len(timings["a"].samples) == len(timings["b"].samples) == 2
+    # warm-up without it; then before every timed call, in the rotated order
+    assert calls == ["a", "b", "|", "a", "|", "b", "|", "b", "|", "a"]
+    slow = time_interleaved({"a": lambda: None}, repeats=3, warmup=0,
+                            before=lambda: time.sleep(0.05))
+    assert slow["a"].max < 0.05  # the sleep is outside the timed call
+    with pytest.raises(TypeError, match="before must be a callable or None; got int"):
+        time_interleaved({"a": lambda: None}, before=3)
+
+
 def test_rounds_run_without_garbage_collection_and_ratios_pair_rounds():
     import gc
 

@@ -1,11 +1,12 @@
 """Test worker: the engine's window totals ride in DDP's gradient all-reduce (2 gloo ranks).
 
 For each way of registering the hook (none: the engine's own; a ``CommCounter``; a hook of the
-user's, which the engine cannot ride: one all-reduce of its own a window), trains 3 windows of
-a float32 MLP whose ranks hold different numbers of samples (uneven counts: the division
-must use the global count) and counts ``dist.all_reduce`` calls per window. Then a NaN loss on
-rank 1 (both ranks must raise, no step taken) and a bfloat16 model (buckets that cannot carry
-float64 totals: the engine falls back to an all-reduce of its own). Rank 0 writes JSON.
+user's, which the engine cannot ride: one all-reduce of its own a window; the engine's own with
+``gradient_as_bucket_view=True``), trains 3 windows of a float32 MLP whose ranks hold different
+numbers of samples (uneven counts: the division must use the global count) and counts the
+all-reduces (``ProcessGroup.allreduce`` calls, whoever makes them) per window. Then a NaN loss
+on rank 1 (both ranks must raise, no step taken) and a bfloat16 model (buckets that cannot
+carry float64 totals: the engine falls back to an all-reduce of its own). Rank 0 writes JSON.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import ProcessGroup
 from torch.nn.parallel import DistributedDataParallel
 
 from gradaccum_lib.accumulation import AccumulationTrainer
@@ -27,7 +29,7 @@ from gradaccum_lib.losses import sample_classification_loss
 from gradaccum_lib.models import make_mlp
 
 CALLS = {"all_reduce": 0}
-_all_reduce = dist.all_reduce
+_all_reduce = ProcessGroup.allreduce  # what dist.all_reduce and the engine's hook both call
 
 
 def _counting_all_reduce(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
@@ -40,7 +42,8 @@ def _users_hook(state, bucket):  # noqa: ANN001, ANN202 - DDP refuses string ann
 
 
 def _train(how: str, windows: list, dtype: torch.dtype = torch.float32) -> dict:
-    model = DistributedDataParallel(make_mlp(6, 1024, 3, seed=0, dtype=dtype))
+    model = DistributedDataParallel(make_mlp(6, 1024, 3, seed=0, dtype=dtype),
+                                    gradient_as_bucket_view=how == "bucket view")
     if how == "counter":
         CommCounter().register(model)
     elif how == "user hook":
@@ -66,7 +69,7 @@ def main() -> int:
     parser.add_argument("--json", required=True)
     arguments = parser.parse_args()
     ctx = init_distributed(60.0)
-    dist.all_reduce = _counting_all_reduce  # the engine and reduce_bucket look it up per call
+    ProcessGroup.allreduce = _counting_all_reduce  # every all-reduce, whoever starts it
     with process_group_session():
         sizes = (12, 20)  # rank 0: 12 samples a window, rank 1: 20 (uneven counts)
         data = [make_toy_classification(3 * size, 6, 3, seed=rank, dtype=torch.float32)
@@ -75,7 +78,8 @@ def main() -> int:
         windows = [split_into_micro_batches((x[w * size:(w + 1) * size],
                                              y[w * size:(w + 1) * size]), accumulation_steps=2)
                    for w in range(3)]
-        results = {how: _train(how, windows) for how in ("engine hook", "counter", "user hook")}
+        results = {how: _train(how, windows) for how in ("engine hook", "counter", "user hook",
+                                                         "bucket view")}
         # the ground truth: plain SGD on the full-batch mean gradient over both ranks' samples
         reference = make_mlp(6, 1024, 3, seed=0, dtype=torch.float32)
         for w in range(3):
