@@ -116,8 +116,8 @@ class AccumulationTrainer(ResumeState):
             "cuda", torch.cuda.current_device()) if (
             distributed and dist.get_backend() == "nccl") else torch.device("cpu")
         self._common_normaliser: float | None = None  # across ranks, fixed at the first window
-        self._carrier: Any = ...  # DDP: the WindowTotals its gradient all-reduce carries (or
-        # None); ... until the first window looks (a hook registered after __init__ counts)
+        self._carrier: Any = ...  # DDP: the WindowTotals its gradient all-reduce carries, or
+        # None; ... until the first window looks (a hook registered after __init__ counts)
         # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range
         self.scaler = (torch.amp.GradScaler(self.device_type)
                        if amp_dtype == torch.float16 and self.device_type == "cuda" else None)
@@ -141,8 +141,7 @@ class AccumulationTrainer(ResumeState):
         ``checkpoint_path``. After :meth:`load_checkpoint` the windows already done are
         skipped: pass the same micro-batches (a shuffling ``DataLoader`` or a
         ``DistributedSampler`` is replayed exactly; an order that cannot be replayed is
-        refused with an error, never trained on).
-        """
+        refused with an error, never trained on)."""
         if (checkpoint_path is None) != (checkpoint_every is None):
             raise ValueError("give both checkpoint_path and checkpoint_every, or neither")
         if checkpoint_every is not None:
@@ -231,9 +230,8 @@ class AccumulationTrainer(ResumeState):
         return _NO_CONTEXT
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.amp_dtype is None:
-            return _NO_CONTEXT
-        return torch.autocast(self.device_type, dtype=self.amp_dtype)
+        return (_NO_CONTEXT if self.amp_dtype is None
+                else torch.autocast(self.device_type, dtype=self.amp_dtype))
 
     def _accumulate(self, window: Sequence[Batch]) -> tuple[list, list, float, Any]:
         """Forward and backward every micro-batch; return the summed losses, the item counts,
