@@ -11,9 +11,10 @@ DDP-wrapped copy of the same MLP, the same micro-batches and AdamW:
   the price of the global item count alone, without the rest of the engine;
 - ``plain_copy``: the plain loop again on another copy (an A/A control: what a tie measures).
 
-Every timed call starts after a barrier (``time_interleaved(before=...)``), so that one rank's
-lag does not land on the next call, and each rank's main thread stays on a core of its own
-when there are enough. Ratios are paired (the median of per-round ratios); rank 0 writes JSON.
+A contender's turn is ``--windows-per-turn`` consecutive windows, as in training, each timed
+after a barrier (``time_interleaved(before=..., calls_per_turn=...)``), so that one rank's lag
+does not land on the next window; each rank's main thread stays on a core of its own when
+there are enough. Ratios are paired (the median of per-round ratios); rank 0 writes JSON.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def carrying_loss(carrier):  # noqa: ANN001, ANN201
 
 
 def contenders(k: int, window: list, hidden_dim: int) -> dict:
-    """Return the five timed calls for accumulation steps ``k`` (see the module doc)."""
+    """Return the five timed calls (one window each) for accumulation steps ``k`` (see the
+    module doc)."""
     models = {name: DistributedDataParallel(make_mlp(256, hidden_dim, 4, dtype=torch.float32))
               for name in CONTENDERS}
     optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -81,7 +83,8 @@ def contenders(k: int, window: list, hidden_dim: int) -> dict:
 def main() -> int:
     """Time the contenders for k = 1, 2, 4, 8, 16; rank 0 writes the medians and ratios."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=121)
+    parser.add_argument("--repeats", type=int, default=61)
+    parser.add_argument("--windows-per-turn", type=int, default=4)
     parser.add_argument("--hidden-dim", type=int, default=1024)
     parser.add_argument("--json", required=True)
     arguments = parser.parse_args()
@@ -95,7 +98,8 @@ def main() -> int:
         for k in (1, 2, 4, 8, 16):
             window = split_into_micro_batches(batch, accumulation_steps=k)
             timings = time_interleaved(contenders(k, window, arguments.hidden_dim),
-                                       repeats=arguments.repeats, warmup=3, before=dist.barrier)
+                                       repeats=arguments.repeats, warmup=3, before=dist.barrier,
+                                       calls_per_turn=arguments.windows_per_turn)
             rows.append({"k": k, **{name: {"median": t.median, "min": t.min, "max": t.max}
                                     for name, t in timings.items()},
                          **{f"{name}_vs_plain": paired_ratio(timings[name], timings["plain"])

@@ -63,16 +63,20 @@ def _synchronize() -> None:
 
 def time_interleaved(
     functions: Mapping[str, Callable[[], object]], *, repeats: int = 5, warmup: int = 1,
-    before: Callable[[], object] | None = None,
+    before: Callable[[], object] | None = None, calls_per_turn: int = 1,
 ) -> dict[str, Timing]:
     """Return a :class:`Timing` per named function: ``warmup`` untimed rounds, then ``repeats``
-    rounds in which every function runs once, in an order rotated each round. ``before``, if
-    given, runs untimed before every timed call: under DDP a barrier, so that each call's
-    collectives start with every rank there (else one rank's lag lands on the next call).
+    rounds in which every function takes a turn, in an order rotated each round. A turn is
+    ``calls_per_turn`` consecutive calls, each timed, and its sample is their mean: a training
+    loop's windows follow one another, and one call per turn would charge a loop for what the
+    others left in the caches and the allocator between its calls. ``before``, if given, runs
+    untimed before every timed call: under DDP a barrier, so that each call's collectives start
+    with every rank there (else one rank's lag lands on the next call).
     """
     if not functions:
         raise ValueError("functions must name at least one callable")
     check_positive_int("repeats", repeats)
+    check_positive_int("calls_per_turn", calls_per_turn)
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0; got {warmup!r}")
     if before is not None and not callable(before):
@@ -88,13 +92,16 @@ def time_interleaved(
             shift = round_index % len(names)
             gc.disable()  # a collection lands on whichever call triggers it: between rounds
             for name in names[shift:] + names[:shift]:
-                if before is not None:
-                    before()
-                _synchronize()
-                start = time.perf_counter()
-                functions[name]()
-                _synchronize()
-                samples[name].append(time.perf_counter() - start)
+                seconds = 0.0
+                for _ in range(calls_per_turn):
+                    if before is not None:
+                        before()
+                    _synchronize()
+                    start = time.perf_counter()
+                    functions[name]()
+                    _synchronize()
+                    seconds += time.perf_counter() - start
+                samples[name].append(seconds / calls_per_turn)
             if collecting:
                 gc.enable()
     finally:

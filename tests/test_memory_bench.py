@@ -151,6 +151,23 @@ def test_time_interleaved_runs_before_each_timed_call_untimed():
         time_interleaved({"a": lambda: None}, before=3)
 
 
+def test_time_interleaved_gives_each_function_turns_of_consecutive_calls():
+    import time
+
+    calls = []
+    timings = time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                               repeats=2, warmup=0, calls_per_turn=3,
+                               before=lambda: calls.append("|"))
+    # a turn: three consecutive calls, each after `before`; the order still rotates per round
+    assert "".join(calls) == "|a|a|a|b|b|b|b|b|b|a|a|a"
+    assert len(timings["a"].samples) == 2  # one sample per turn ...
+    sleepy = time_interleaved({"a": lambda: time.sleep(0.01)}, repeats=1, warmup=0,
+                              calls_per_turn=4)
+    assert 0.01 <= sleepy["a"].median < 0.03  # ... the mean of its calls, not their sum
+    with pytest.raises(ValueError, match="calls_per_turn must be a positive int; got 0"):
+        time_interleaved({"a": lambda: None}, calls_per_turn=0)
+
+
 def test_rounds_run_without_garbage_collection_and_ratios_pair_rounds():
     import gc
 
