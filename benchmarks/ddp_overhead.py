@@ -37,6 +37,7 @@ from gradaccum_lib.distributed import init_distributed, process_group_session, r
 from gradaccum_lib.frameworks import bare_loop
 from gradaccum_lib.losses import sample_classification_loss
 from gradaccum_lib.models import make_mlp
+from gradaccum_lib.totals import local_totals
 
 CONTENDERS = ("engine", "engine_no_norm", "plain", "plain_carrying", "plain_copy")
 
@@ -47,12 +48,15 @@ def mean_loss(model, batch):  # noqa: ANN001, ANN201
 
 
 def carrying_loss(carrier):  # noqa: ANN001, ANN201
-    """The plain loop's loss, handing the window's last backward this rank's totals (items,
-    loss sum, two error counts) as the engine does; the values do not matter to the time."""
+    """The plain loop's loss, handing the window's last backward this micro-batch's totals
+    (``totals.local_totals``, the engine's layout) as the engine hands its window's."""
+    if carrier is None:
+        raise RuntimeError("the plain model already has a comm hook: nothing can carry totals")
+
     def loss(model, batch):  # noqa: ANN001, ANN202
         summed, count = sample_classification_loss(model, batch)
         if model.require_backward_grad_sync:  # bare_loop set it: the window's last micro-step
-            carrier.pending = torch.tensor([count.item(), summed.item(), 0.0, 0.0],
+            carrier.pending = torch.tensor(local_totals([summed.item()], [count.item()]),
                                            dtype=torch.float64)
         return summed / count
     return loss
@@ -101,7 +105,8 @@ def main() -> int:
             timings = time_interleaved(contenders(k, window, arguments.hidden_dim),
                                        repeats=arguments.repeats, warmup=3, before=dist.barrier,
                                        calls_per_turn=arguments.windows_per_turn)
-            rows.append({"k": k, **{name: {"median": t.median, "min": t.min, "max": t.max}
+            rows.append({"k": k, "windows_per_turn": arguments.windows_per_turn,
+                         **{name: {"median": t.median, "min": t.min, "max": t.max}
                                     for name, t in timings.items()},
                          **{f"{name}_vs_plain": paired_ratio(timings[name], timings["plain"])
                             for name in CONTENDERS if name != "plain"}})

@@ -50,8 +50,9 @@ HERE = Path(__file__).resolve().parent
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 #: scripts/gpu_check.py writes its CUDA section between these in README-gpu.md
 GPU_START, GPU_END = "<!-- gpu-cuda-section:start -->", "<!-- gpu-cuda-section:end -->"
-#: consecutive MLP windows per turn (a tiny BERT window, about 0.1 s, takes its turn alone)
-MLP_WINDOWS_PER_CALL = 4
+#: consecutive windows per turn: the MLP's (a tiny BERT window, about 0.1 s, takes its turn
+#: alone) and the DDP engine's (turns of 4 measured the same ratios with twice the A/A spread)
+MLP_WINDOWS_PER_TURN, DDP_WINDOWS_PER_TURN = 4, 1
 #: the tiny BERT of the benchmarks (and of the notebooks' ci profile)
 TINY_BERT = {"hidden_size": 64, "num_layers": 2, "num_heads": 2}
 #: optimizers of the peak-memory columns: SGD (no state) and AdamW (foreach temporaries)
@@ -108,12 +109,12 @@ def library_loop(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Lo
 
 
 def loop_overhead(name: str, make_model: Callable[[], nn.Module], batch: Batch, loss_fn: LossFn,
-                  ks: Sequence[int], repeats: int, windows_per_call: int = 1) -> list[dict]:
+                  ks: Sequence[int], repeats: int, windows_per_turn: int = 1) -> list[dict]:
     """Return, per k, the time of one optimizer step of each loop (library, the library
     without its gradient-norm history, bare nanoGPT, the bare loop again on another copy,
     Accelerate) on the same model, data and k, and the paired ratios: the library's to the
     others, and the bare copy's to the bare loop (an A/A control: what a tie measures in this
-    run). Each loop's turn is ``windows_per_call`` consecutive windows, as in training (see
+    run). Each loop's turn is ``windows_per_turn`` consecutive windows, as in training (see
     ``time_interleaved``'s ``calls_per_turn``). ``make_model`` builds the model on the batch's
     device (Accelerate moves it to CUDA when there is one)."""
     rows = []
@@ -132,8 +133,9 @@ def loop_overhead(name: str, make_model: Callable[[], nn.Module], batch: Batch, 
                 steps[label] = accelerate_loop(model, optimizer, k, mean_loss)[0]
         loops = {label: (lambda step=step, w=window: step(w)) for label, step in steps.items()}
         timings = time_interleaved(loops, repeats=repeats, warmup=3,
-                                   calls_per_turn=windows_per_call)
-        row = {"model": name, "k": k, **{label: summary(t) for label, t in timings.items()}}
+                                   calls_per_turn=windows_per_turn)
+        row = {"model": name, "k": k, "windows_per_turn": windows_per_turn,
+               **{label: summary(t) for label, t in timings.items()}}
         row["library_vs_bare"] = paired_ratio(timings["library"], timings["bare"])
         row["library_no_norm_vs_bare"] = paired_ratio(timings["library_no_norm"],
                                                       timings["bare"])
@@ -269,7 +271,8 @@ def ddp_engine_overhead(quick: bool) -> list[dict]:
     """Return, per k, the engine's step time under DDP against the plain nanoGPT no_sync
     loop's (2 gloo processes)."""
     return launch(str(HERE / "ddp_overhead.py"),
-                  ["--repeats", "3" if quick else "121", "--windows-per-turn", "1",
+                  ["--repeats", "3" if quick else "121",
+                   "--windows-per-turn", str(DDP_WINDOWS_PER_TURN),
                    "--hidden-dim", "64" if quick else "1024"],
                   nproc_per_node=2, timeout_seconds=600)["rows"]
 
@@ -318,13 +321,16 @@ def cuda_section(out: Path) -> list[str]:
 def markdown(results: dict, out: Path = HERE) -> str:
     """Return the results as the markdown that goes between the README's markers."""
     m = results["machine"]
+    mlp_turn = next(row.get("windows_per_turn", 1) for row in results["loop_overhead"]
+                    if row["model"] == "MLP")
+    ddp_turn = next((row.get("windows_per_turn", 1) for row in results.get("ddp_engine", [])), 1)
     lines = [f"Measured {results['date']} on {m['cpu']} ({m['cores']} cores, "
              f"{m['torch_threads']} torch threads), torch {m['torch']}, Python {m['python']}"
              f"{', ' + m['cuda'] if m['cuda'] else ', no GPU'}"
              f"{' (QUICK RUN: tiny sizes, numbers meaningless)' if results['quick'] else ''}.", "",
              "### 1. Time per optimizer step: library loop vs bare loop vs Accelerate", "",
              "Ratios: the median over rounds of the two loops' times in the same round; for "
-             f"the MLP each loop's turn is {MLP_WINDOWS_PER_CALL} consecutive windows. *Bare "
+             f"the MLP each loop's turn is {mlp_turn} consecutive windows. *Bare "
              "copy*: the bare loop on another copy of the model, what a tie measures in this "
              "run.", "",
              "| model | k | library / bare | library without norm history / bare | "
@@ -370,8 +376,9 @@ def markdown(results: dict, out: Path = HERE) -> str:
                      f"{w['syncs_per_step']:.0f} / {e['syncs_per_step']:.0f} | "
                      f"{1e3 * w['seconds_per_step']:.2f} | {1e3 * e['seconds_per_step']:.2f} |")
     lines += ["", "### 6. DDP, 2 gloo processes: the engine against the plain nanoGPT loop", "",
-              "Each window is timed after a barrier, one window per turn (turns of 4 measured "
-              "the same ratios with twice the spread of the A/A control). *Plain "
+              "Each window is timed after a barrier, "
+              f"{'one window' if ddp_turn == 1 else f'{ddp_turn} consecutive windows'} a turn. "
+              "*Plain "
               "carrying the totals*: the plain "
               "loop whose last backward carries the window's item count and loss sum as the "
               "engine's does (the price of the exact global mean, alone). *Plain copy*: the "
@@ -475,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         loop_overhead("MLP", lambda: make_mlp(features, 64 if quick else 1024, 4,
                                               dtype=torch.float32).to(device),
                       mlp_batch, sample_classification_loss, ks, 3 if quick else 41,
-                      windows_per_call=2 if quick else MLP_WINDOWS_PER_CALL)
+                      windows_per_turn=2 if quick else MLP_WINDOWS_PER_TURN)
         + loop_overhead("tiny BERT", lambda: make_tiny_bert(len(tokenizer), 10, hidden_size=64,
                                                             max_length=128).to(device),
                         notes, bert_classification_loss, ks, repeats))

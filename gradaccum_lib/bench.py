@@ -71,7 +71,8 @@ def time_interleaved(
     loop's windows follow one another, and one call per turn would charge a loop for what the
     others left in the caches and the allocator between its calls. ``before``, if given, runs
     untimed before every timed call: under DDP a barrier, so that each call's collectives start
-    with every rank there (else one rank's lag lands on the next call).
+    with every rank there (else one rank's lag lands on the next call). A warm-up round calls
+    each function once, without ``before``.
     """
     if not functions:
         raise ValueError("functions must name at least one callable")

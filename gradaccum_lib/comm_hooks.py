@@ -57,9 +57,10 @@ def reduce_bucket(bucket: dist.GradBucket, group: dist.ProcessGroup | None = Non
     """Average ``bucket`` over the ranks as DDP's default hook does (divide by the world
     size, all-reduce the sum); when ``carrier`` has pending totals and the bucket holds
     float32 or float64 gradients, carry them in the same all-reduce (see
-    :class:`WindowTotals`). The hook runs once per bucket on every synchronising backward
-    pass, so it calls the process group directly (``ProcessGroup.allreduce``: what
-    ``dist.all_reduce`` calls after its argument checks)."""
+    :class:`WindowTotals`). ``group`` None means the default group. The hook runs once per
+    bucket on every synchronising backward pass, so it calls the process group directly
+    (``ProcessGroup.allreduce``, what ``dist.all_reduce`` calls after checking its arguments
+    and the rank's membership: DDP has done both for its buckets)."""
     buffer = bucket.buffer()
     group = group if group is not None else dist.group.WORLD
     local = carrier.pending if carrier is not None else None
@@ -68,9 +69,10 @@ def reduce_bucket(bucket: dist.GradBucket, group: dist.ProcessGroup | None = Non
         return group.allreduce([buffer]).get_future().then(_first)
     carrier.pending = None
     count, extra = buffer.numel(), local.numel()
-    half = buffer.dtype == torch.float32  # high and low halves: about 48 of float64's 53 bits
+    half = buffer.dtype == torch.float32  # high and low float32 halves (see WindowTotals)
     width = count + (2 * extra if half else extra)
-    packed = carrier._packed  # reused: the window's last pass hands DDP a copy to read from
+    packed = carrier._packed  # reused across windows: DDP copies the averaged gradients out
+    # of it before the backward pass that made it returns, and one bucket a window carries
     if packed is None or packed.numel() != width or packed.dtype != buffer.dtype or (
             packed.device != buffer.device):
         packed = carrier._packed = torch.empty(width, dtype=buffer.dtype, device=buffer.device)
@@ -84,7 +86,7 @@ def reduce_bucket(bucket: dist.GradBucket, group: dist.ProcessGroup | None = Non
         packed[count:].copy_(local)
 
     def unpack(future: torch.futures.Future) -> torch.Tensor:
-        tail = packed[count:].double()
+        tail = packed[count:].to(torch.float64, copy=True)  # the buffer is reused
         carrier.received = tail[:extra] + tail[extra:] if half else tail
         return packed[:count]  # DDP copies the averaged gradients from here
 
@@ -137,9 +139,12 @@ class CommCounter:
     syncs: int = 0
     seconds: float = 0.0  # time from each all-reduce's launch to its completion (overlaps)
     carrier: WindowTotals | None = field(default=None, repr=False)
+    group: dist.ProcessGroup | None = field(default=None, repr=False)  # the model's
 
     def register(self, model: nn.parallel.DistributedDataParallel) -> None:
-        """Register this counter as ``model``'s communication hook."""
+        """Register this counter as ``model``'s communication hook (it averages over the
+        model's process group)."""
+        self.group = model.process_group
         model.register_comm_hook(self, _counter_hook)
 
     def hook(self, state: object, bucket: dist.GradBucket) -> torch.futures.Future:
@@ -151,7 +156,7 @@ class CommCounter:
         if bucket.is_last():
             self.syncs += 1
         start = time.perf_counter()
-        future = reduce_bucket(bucket, self.carrier.group if self.carrier else None,
+        future = reduce_bucket(bucket, self.carrier.group if self.carrier else self.group,
                                self.carrier)
 
         def done(fut: torch.futures.Future) -> torch.Tensor:

@@ -130,24 +130,25 @@ def gradient_sync_kind(model: nn.Module) -> str:
 
 class SkippedSync:
     """DDP's ``no_sync()`` as one reusable object: ``with skipped:`` turns the model's sync
-    flag off for the forward and backward inside it and restores it after. The engine enters
-    it on every micro-step but a window's last, so it is a class, not a generator made anew
-    each time."""
+    flag off for the forward and backward inside it and restores it after (nested too). It
+    sets the flag DDP's own ``no_sync()`` sets; a subclass's override of ``no_sync()`` is not
+    called. The engine enters it on every micro-step but a window's last, so it is a class,
+    not a generator made anew each time."""
 
-    __slots__ = ("model", "previous")
+    __slots__ = ("model", "_saved")
 
     def __init__(self, model: nn.parallel.DistributedDataParallel) -> None:
         if not isinstance(model, nn.parallel.DistributedDataParallel):
             raise TypeError(f"SkippedSync needs a DistributedDataParallel model; got "
                             f"{type(model).__name__}")
-        self.model, self.previous = model, True
+        self.model, self._saved = model, []
 
     def __enter__(self) -> None:
-        self.previous = self.model.require_backward_grad_sync
+        self._saved.append(self.model.require_backward_grad_sync)
         self.model.require_backward_grad_sync = False
 
     def __exit__(self, *exc_info: object) -> None:
-        self.model.require_backward_grad_sync = self.previous
+        self.model.require_backward_grad_sync = self._saved.pop()
 
 
 def full_value(tensor: torch.Tensor) -> torch.Tensor:

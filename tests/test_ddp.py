@@ -269,9 +269,46 @@ def test_skipped_sync_turns_ddps_flag_off_and_restores_it(tmp_path):
         with pytest.raises(RuntimeError, match="inside"), skipped:
             raise RuntimeError("inside")
         assert model.require_backward_grad_sync is True  # restored on an error too
+        with skipped:
+            with skipped:  # nested: each exit restores what its enter found
+                assert model.require_backward_grad_sync is False
+            assert model.require_backward_grad_sync is False
+        assert model.require_backward_grad_sync is True
         model.require_backward_grad_sync = False  # a caller's own setting is kept
         with skipped:
             pass
         assert model.require_backward_grad_sync is False
+    finally:
+        dist.destroy_process_group()
+
+
+def test_carried_totals_outlive_the_next_window_though_the_buffer_is_reused(tmp_path):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gradaccum_lib.comm_hooks import CommCounter, attach_window_totals
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        for dtype in (torch.float64, torch.float32):
+            model = DistributedDataParallel(torch.nn.Linear(2, 2).to(dtype))
+            carrier = attach_window_totals(model)
+            kept, buffers = [], []
+            for totals in ([3.0, 1.5, 0.0, 0.0], [7.0, 9.0, 1.0, 0.0]):
+                model.zero_grad(set_to_none=True)
+                carrier.pending = torch.tensor(totals, dtype=torch.float64)
+                model(torch.ones(1, 2, dtype=dtype)).sum().backward()
+                kept.append(carrier.take())
+                buffers.append(carrier._packed)
+            assert buffers[0] is buffers[1]  # one packed buffer for every window
+            assert kept[0].tolist() == [3.0, 1.5, 0.0, 0.0]  # not overwritten by window 2
+            assert kept[1].tolist() == [7.0, 9.0, 1.0, 0.0]
+            assert model.module.bias.grad.tolist() == [1.0, 1.0]
+        counted = DistributedDataParallel(torch.nn.Linear(2, 2))
+        counter = CommCounter()
+        counter.register(counted)
+        assert counter.group is counted.process_group  # it averages over the model's group
     finally:
         dist.destroy_process_group()
