@@ -78,7 +78,7 @@ def time_interleaved(
         raise ValueError("functions must name at least one callable")
     check_positive_int("repeats", repeats)
     check_positive_int("calls_per_turn", calls_per_turn)
-    if not isinstance(warmup, int) or warmup < 0:
+    if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0; got {warmup!r}")
     if before is not None and not callable(before):
         raise TypeError(f"before must be a callable or None; got {type(before).__name__}")

@@ -166,6 +166,8 @@ def test_time_interleaved_gives_each_function_turns_of_consecutive_calls():
     assert 0.01 <= sleepy["a"].median < 0.03  # ... the mean of its calls, not their sum
     with pytest.raises(ValueError, match="calls_per_turn must be a positive int; got 0"):
         time_interleaved({"a": lambda: None}, calls_per_turn=0)
+    with pytest.raises(ValueError, match="warmup must be an int >= 0; got True"):
+        time_interleaved({"a": lambda: None}, warmup=True)  # a bool is not a count
 
 
 def test_rounds_run_without_garbage_collection_and_ratios_pair_rounds():
