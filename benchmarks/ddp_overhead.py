@@ -1,28 +1,36 @@
-"""The engine under DDP against the plain nanoGPT ``no_sync`` loop, timed side by side.
+"""The engine under DDP against the exact plain ``no_sync`` loop, timed side by side.
 
-Run by ``benchmarks/run.py`` under torchrun (2 gloo processes). Each contender gets its own
+Exactness needs the global item count, and every exact peer pays one collective for it, so
+the engine is compared with the exact plain loop, not with nanoGPT's inexact one. Run by
+``benchmarks/run.py`` under torchrun (2 gloo processes). Each contender gets its own
 DDP-wrapped copy of the same MLP, the same micro-batches and AdamW:
 
 - ``engine`` and ``engine_no_norm``: the engine, with and without its gradient-norm history;
-- ``plain``: the nanoGPT loop (DDP's C++ all-reduce; it divides by k, so it is exact only when
-  every rank's micro-batches hold the same number of samples);
-- ``plain_carrying``: the plain loop whose last backward carries a window's totals the way the
-  engine's does (the engine's comm hook, :func:`~gradaccum_lib.comm_hooks.reduce_bucket`):
-  the price of the global item count alone, without the rest of the engine;
-- ``plain_copy``: the plain loop again on another copy (an A/A control: what a tie measures).
+- ``exact_plain``: the plain loop written torchtune-style (:func:`exact_plain_loop`): summed
+  losses, one async all-reduce of the window's item count during the last backward, one
+  foreach rescale by world size / global items. Checked exact against the engine on uneven
+  micro-batches and ranks (:func:`check_exact`) before anything is timed;
+- ``plain``: the nanoGPT loop (DDP's all-reduce; it divides by k, so it is exact only when
+  every rank's micro-batches hold the same number of samples): ``exact_plain / plain`` is the
+  price of exactness;
+- ``exact_plain_copy``: the exact plain loop again on another copy (an A/A control).
 
 Each window is timed after a barrier (``time_interleaved(before=...)``), so that one rank's lag
 does not land on the next window; a contender's turn is ``--windows-per-turn`` consecutive
 windows (1 by default: turns of 4 measured the same ratios with twice the spread of the A/A
 control). Each rank's main thread stays on a core of its own when there are enough. Ratios
-are paired (the median of per-round ratios); rank 0 writes JSON.
+are paired (the median of per-round ratios), and so is the engine's fixed cost per window
+(the median of per-round differences, in µs); rank 0 writes JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import statistics
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -30,16 +38,20 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gradaccum_lib import split_into_micro_batches
 from gradaccum_lib.accumulation import AccumulationTrainer
-from gradaccum_lib.bench import paired_ratio, steady_allocator, time_interleaved
-from gradaccum_lib.comm_hooks import attach_window_totals
-from gradaccum_lib.data import make_toy_classification
-from gradaccum_lib.distributed import init_distributed, process_group_session, run_worker
-from gradaccum_lib.frameworks import bare_loop
+from gradaccum_lib.audits.frameworks import bare_loop
+from gradaccum_lib.distributed import init_distributed, process_group_session
+from gradaccum_lib.jobs.worker import run_worker
 from gradaccum_lib.losses import sample_classification_loss
-from gradaccum_lib.models import make_mlp
-from gradaccum_lib.totals import local_totals
+from gradaccum_lib.measure.bench import Timing, paired_ratio, steady_allocator, time_interleaved
+from gradaccum_lib.workloads.data import make_toy_classification
+from gradaccum_lib.workloads.models import make_mlp
 
-CONTENDERS = ("engine", "engine_no_norm", "plain", "plain_carrying", "plain_copy")
+CONTENDERS = ("engine", "engine_no_norm", "plain", "exact_plain", "exact_plain_copy")
+#: JSON key: (numerator, denominator) of a paired ratio
+RATIOS = {"engine_vs_exact_plain": ("engine", "exact_plain"),
+          "engine_no_norm_vs_exact_plain": ("engine_no_norm", "exact_plain"),
+          "exact_plain_vs_plain": ("exact_plain", "plain"),
+          "exact_plain_copy_vs_exact_plain": ("exact_plain_copy", "exact_plain")}
 
 
 def mean_loss(model, batch):  # noqa: ANN001, ANN201
@@ -47,19 +59,49 @@ def mean_loss(model, batch):  # noqa: ANN001, ANN201
     return summed / count
 
 
-def carrying_loss(carrier):  # noqa: ANN001, ANN201
-    """The plain loop's loss, handing the window's last backward this micro-batch's totals
-    (``totals.local_totals``, the engine's layout) as the engine hands its window's."""
-    if carrier is None:
-        raise RuntimeError("the plain model already has a comm hook: nothing can carry totals")
+def exact_plain_loop(model: DistributedDataParallel, optimizer: torch.optim.Optimizer,
+                     ) -> Callable[[Sequence], None]:
+    """Return ``run(window)``: the exact plain ``no_sync`` loop, torchtune-style. Backward
+    on each micro-batch's summed loss (syncing on the last only, set before its forward);
+    the window's item count all-reduced during the last backward; then every gradient times
+    world size / global items (DDP averaged over ranks), one step."""
+    world_size = dist.get_world_size()
 
-    def loss(model, batch):  # noqa: ANN001, ANN202
-        summed, count = sample_classification_loss(model, batch)
-        if model.require_backward_grad_sync:  # bare_loop set it: the window's last micro-step
-            carrier.pending = torch.tensor(local_totals([summed.item()], [count.item()]),
-                                           dtype=torch.float64)
-        return summed / count
-    return loss
+    def run(window: Sequence) -> None:
+        items = torch.zeros(1, dtype=torch.float64)
+        last = len(window) - 1
+        for index, micro_batch in enumerate(window):
+            with model.no_sync() if index < last else contextlib.nullcontext():
+                summed, count = sample_classification_loss(model, micro_batch)
+                items += count
+                if index == last:
+                    pending = dist.all_reduce(items, async_op=True)
+                summed.backward()
+        pending.wait()
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        torch._foreach_mul_(grads, world_size / items.item())
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return run
+
+
+def check_exact(rank: int) -> None:
+    """Raise unless one window of :func:`exact_plain_loop` updates the model as the engine's
+    does, on micro-batches uneven within and across ranks (SGD: AdamW's first step barely
+    sees a gradient's scale)."""
+    window = split_into_micro_batches(make_toy_classification(10 + 3 * rank, 16, 4, seed=rank),
+                                      accumulation_steps=3)
+    engine, exact = (DistributedDataParallel(make_mlp(16, 8, 4)) for _ in range(2))
+    AccumulationTrainer(engine, sample_classification_loss, torch.optim.SGD(
+        engine.parameters(), lr=1.0), accumulation_steps=3, progress=False).step_window(window)
+    exact_plain_loop(exact, torch.optim.SGD(exact.parameters(), lr=1.0))(window)
+    for a, b in zip(engine.parameters(), exact.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def median_difference_us(a: Timing, b: Timing) -> float:
+    """Return the median over rounds of ``a``'s time minus ``b``'s in the same round, in µs."""
+    return statistics.median(1e6 * (x - y) for x, y in zip(a.samples, b.samples, strict=True))
 
 
 def contenders(k: int, window: list, hidden_dim: int) -> dict:
@@ -75,13 +117,11 @@ def contenders(k: int, window: list, hidden_dim: int) -> dict:
                                       accumulation_steps=k, progress=False,
                                       track_grad_norm=name == "engine")
         calls[name] = lambda t=trainer: t.step_window(window)
-    for name in ("plain", "plain_copy"):
-        run = bare_loop(models[name], optimizers[name], k, mean_loss)
+    run = bare_loop(models["plain"], optimizers["plain"], k, mean_loss)
+    calls["plain"] = lambda r=run: r(window)
+    for name in ("exact_plain", "exact_plain_copy"):
+        run = exact_plain_loop(models[name], optimizers[name])
         calls[name] = lambda r=run: r(window)
-    carrier = attach_window_totals(models["plain_carrying"])
-    run = bare_loop(models["plain_carrying"], optimizers["plain_carrying"], k,
-                    carrying_loss(carrier))
-    calls["plain_carrying"] = lambda r=run, c=carrier: (r(window), c.take())
     return calls
 
 
@@ -98,6 +138,7 @@ def main() -> int:
     if hasattr(os, "sched_setaffinity") and ctx.world_size <= len(os.sched_getaffinity(0)):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[ctx.rank]})
     with process_group_session():
+        check_exact(ctx.rank)
         batch = make_toy_classification(256, 256, 4, seed=ctx.rank, dtype=torch.float32)
         rows = []
         for k in (1, 2, 4, 8, 16):
@@ -105,17 +146,20 @@ def main() -> int:
             timings = time_interleaved(contenders(k, window, arguments.hidden_dim),
                                        repeats=arguments.repeats, warmup=3, before=dist.barrier,
                                        calls_per_turn=arguments.windows_per_turn)
-            rows.append({"k": k, "windows_per_turn": arguments.windows_per_turn,
-                         **{name: {"median": t.median, "min": t.min, "max": t.max}
-                                    for name, t in timings.items()},
-                         **{f"{name}_vs_plain": paired_ratio(timings[name], timings["plain"])
-                            for name in CONTENDERS if name != "plain"}})
+            row = {"k": k, "windows_per_turn": arguments.windows_per_turn,
+                   **{name: {"median": t.median, "min": t.min, "max": t.max}
+                      for name, t in timings.items()},
+                   **{key: paired_ratio(timings[a], timings[b]) for key, (a, b) in RATIOS.items()},
+                   **{f"{name}_minus_exact_plain_us": median_difference_us(
+                       timings[name], timings["exact_plain"]) for name in ("engine",
+                                                                          "engine_no_norm")}}
+            rows.append(row)
             if ctx.is_main:
-                row = rows[-1]
-                print(f"DDP k={k:2d}: engine / plain no_sync loop {row['engine_vs_plain']:.3f} "
-                      f"(no norm {row['engine_no_norm_vs_plain']:.3f}; plain carrying the "
-                      f"totals {row['plain_carrying_vs_plain']:.3f}; plain copy "
-                      f"{row['plain_copy_vs_plain']:.3f})", flush=True)
+                print(f"DDP k={k:2d}: engine / exact plain loop {row['engine_vs_exact_plain']:.3f}"
+                      f" ({row['engine_minus_exact_plain_us']:+.0f} µs; no norm "
+                      f"{row['engine_no_norm_vs_exact_plain']:.3f}); exact plain / nanoGPT "
+                      f"{row['exact_plain_vs_plain']:.3f}; A/A "
+                      f"{row['exact_plain_copy_vs_exact_plain']:.3f}", flush=True)
         if ctx.is_main:
             with open(arguments.json, "w") as handle:
                 json.dump({"rows": rows}, handle, indent=1)

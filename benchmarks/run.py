@@ -4,14 +4,13 @@
     python benchmarks/run.py --quick    # tiny sizes: checks the harness, not the numbers
 
 Every comparison runs in one process, the contenders interleaved round by round (order
-rotated), after a warm-up, with glibc told to keep freed memory
-(``bench.steady_allocator``); ratios are medians of per-round ratios
-(``bench.paired_ratio``), times medians with min-max. These machines are noisy: the ratios
-are the result, not the absolute times. Memory is counted, not sampled: activation bytes
-(saved-tensor hooks) and the peak bytes of the tensors a step allocates
-(``tensor_peak_bytes``), the same to the byte on every run. The functions here take the model
-factory, loss and batch they measure, on any device: ``scripts/gpu_check.py`` (``make
-gpu-check``) imports them for the CUDA numbers.
+rotated), after a warm-up, with glibc told to keep freed memory (``bench.steady_allocator``);
+ratios are medians of per-round ratios (``bench.paired_ratio``), times medians with min-max.
+These machines are noisy: the ratios are the result, not the absolute times. Memory is
+counted, not sampled: activation bytes (saved-tensor hooks) and the peak bytes of the tensors
+a step allocates (``tensor_peak_bytes``), the same to the byte on every run. The functions
+here take the model factory, loss and batch they measure, on any device:
+``scripts/gpu_check.py`` (``make gpu-check``) imports them for the CUDA numbers.
 """
 
 from __future__ import annotations
@@ -31,20 +30,20 @@ from torch import nn
 
 from gradaccum_lib import split_into_micro_batches
 from gradaccum_lib.accumulation import AccumulationTrainer
+from gradaccum_lib.audits.frameworks import accelerate_loop, bare_loop
 from gradaccum_lib.batches import Batch, LossFn, batch_size
-from gradaccum_lib.bench import Timing, paired_ratio, steady_allocator, time_interleaved
-from gradaccum_lib.cluster import fit_transformer_activations
-from gradaccum_lib.data import (
+from gradaccum_lib.jobs.launcher import launch
+from gradaccum_lib.losses import bert_classification_loss, sample_classification_loss
+from gradaccum_lib.measure.bench import Timing, paired_ratio, steady_allocator, time_interleaved
+from gradaccum_lib.measure.cluster import fit_transformer_activations
+from gradaccum_lib.measure.memory import activation_bytes, tensor_peak_bytes
+from gradaccum_lib.workloads.data import (
     encode_records,
     load_emr_split,
     load_tokenizer,
     make_toy_classification,
 )
-from gradaccum_lib.frameworks import accelerate_loop, bare_loop
-from gradaccum_lib.launcher import launch
-from gradaccum_lib.losses import bert_classification_loss, sample_classification_loss
-from gradaccum_lib.memory import activation_bytes, tensor_peak_bytes
-from gradaccum_lib.models import make_mlp, make_tiny_bert
+from gradaccum_lib.workloads.models import make_mlp, make_tiny_bert
 
 HERE = Path(__file__).resolve().parent
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -112,11 +111,11 @@ def loop_overhead(name: str, make_model: Callable[[], nn.Module], batch: Batch, 
                   ks: Sequence[int], repeats: int, windows_per_turn: int = 1) -> list[dict]:
     """Return, per k, the time of one optimizer step of each loop (library, the library
     without its gradient-norm history, bare nanoGPT, the bare loop again on another copy,
-    Accelerate) on the same model, data and k, and the paired ratios: the library's to the
-    others, and the bare copy's to the bare loop (an A/A control: what a tie measures in this
-    run). Each loop's turn is ``windows_per_turn`` consecutive windows, as in training (see
-    ``time_interleaved``'s ``calls_per_turn``). ``make_model`` builds the model on the batch's
-    device (Accelerate moves it to CUDA when there is one)."""
+    Accelerate) on the same model, data and k; the paired ratios: the library's to the others,
+    the bare copy's to the bare loop (an A/A control: what a tie measures in this run); and
+    the library's paired excess over the bare loop, µs per window. A loop's turn is
+    ``windows_per_turn`` consecutive windows, as in training (``time_interleaved``'s
+    ``calls_per_turn``). ``make_model`` builds the model on the batch's device."""
     rows = []
     for k in ks:
         window = split_into_micro_batches(batch, accumulation_steps=k)
@@ -136,16 +135,15 @@ def loop_overhead(name: str, make_model: Callable[[], nn.Module], batch: Batch, 
                                    calls_per_turn=windows_per_turn)
         row = {"model": name, "k": k, "windows_per_turn": windows_per_turn,
                **{label: summary(t) for label, t in timings.items()}}
-        row["library_vs_bare"] = paired_ratio(timings["library"], timings["bare"])
-        row["library_no_norm_vs_bare"] = paired_ratio(timings["library_no_norm"],
-                                                      timings["bare"])
-        row["library_vs_accelerate"] = paired_ratio(timings["library"], timings["accelerate"])
-        row["bare_copy_vs_bare"] = paired_ratio(timings["bare_copy"], timings["bare"])
+        for a, b in (("library", "bare"), ("library_no_norm", "bare"),
+                     ("library", "accelerate"), ("bare_copy", "bare")):
+            row[f"{a}_vs_{b}"] = paired_ratio(timings[a], timings[b])
+        pairs = zip(timings["library"].samples, timings["bare"].samples, strict=True)
+        row["library_minus_bare_us"] = 1e6 * Timing(tuple(a - b for a, b in pairs)).median
         rows.append(row)
-        print(f"{name:9s} k={k:2d}: library/bare {row['library_vs_bare']:.3f} (no norm "
-              f"{row['library_no_norm_vs_bare']:.3f}; bare copy/bare "
-              f"{row['bare_copy_vs_bare']:.3f}), library/accelerate "
-              f"{row['library_vs_accelerate']:.3f}", flush=True)
+        print(f"{name:9s} k={k:2d}: " + ", ".join(f"{key} {row[key]:.3f}" for key in row
+              if "_vs_" in key) + f"; library - bare {row['library_minus_bare_us']:+.0f} µs",
+              flush=True)
     return rows
 
 
@@ -258,7 +256,7 @@ def bert_at_length(vocab_size: int, notes: dict, ks: Sequence[int], sizes: Seque
 def ddp_communication(ks: Sequence[int], quick: bool) -> list[dict]:
     """Return bytes, syncs and seconds per optimizer step under DDP (2 gloo processes), per k,
     syncing once per window and every micro-step."""
-    result = launch("gradaccum_lib.ddp", [
+    result = launch("gradaccum_lib.jobs.ddp", [
         "--accumulation-steps", "1", "--sweep", ",".join(map(str, ks)),
         "--micro-batch-size", "8", "--steps", "3" if quick else "8", "--dtype", "float32",
         "--hidden-dim", "64" if quick else "512"], nproc_per_node=2, timeout_seconds=600)
@@ -268,8 +266,8 @@ def ddp_communication(ks: Sequence[int], quick: bool) -> list[dict]:
 
 
 def ddp_engine_overhead(quick: bool) -> list[dict]:
-    """Return, per k, the engine's step time under DDP against the plain nanoGPT no_sync
-    loop's (2 gloo processes)."""
+    """Return, per k, the engine's step time under DDP against the exact plain no_sync loop's,
+    and the exact plain loop's against nanoGPT's (2 gloo processes; ``ddp_overhead.py``)."""
     return launch(str(HERE / "ddp_overhead.py"),
                   ["--repeats", "3" if quick else "121",
                    "--windows-per-turn", str(DDP_WINDOWS_PER_TURN),
@@ -329,18 +327,19 @@ def markdown(results: dict, out: Path = HERE) -> str:
              f"{', ' + m['cuda'] if m['cuda'] else ', no GPU'}"
              f"{' (QUICK RUN: tiny sizes, numbers meaningless)' if results['quick'] else ''}.", "",
              "### 1. Time per optimizer step: library loop vs bare loop vs Accelerate", "",
-             "Ratios: the median over rounds of the two loops' times in the same round; for "
-             f"the MLP each loop's turn is {mlp_turn} consecutive windows. *Bare "
-             "copy*: the bare loop on another copy of the model, what a tie measures in this "
-             "run.", "",
+             "Ratios (and *library − bare*): the median over rounds of the two loops' times' "
+             f"ratio (difference) in the same round; for the MLP each loop's turn is {mlp_turn} "
+             "consecutive windows. *Bare copy*: the bare loop on another copy of the model, "
+             "what a tie measures in this run.", "",
              "| model | k | library / bare | library without norm history / bare | "
-             "bare copy / bare | library / Accelerate | library ms (min–max) |",
-             "|---|---|---|---|---|---|---|"]
+             "bare copy / bare | library / Accelerate | library − bare, µs per window | "
+             "library ms (min–max) |", "|---|---|---|---|---|---|---|---|"]
     for row in results["loop_overhead"]:
         lib = row["library"]
         lines.append(f"| {row['model']} | {row['k']} | {row['library_vs_bare']:.3f} | "
                      f"{row['library_no_norm_vs_bare']:.3f} | {row['bare_copy_vs_bare']:.3f} | "
-                     f"{row['library_vs_accelerate']:.3f} | {1e3 * lib['median']:.2f} "
+                     f"{row['library_vs_accelerate']:.3f} | "
+                     f"{row['library_minus_bare_us']:+.0f} | {1e3 * lib['median']:.2f} "
                      f"({1e3 * lib['min']:.2f}–{1e3 * lib['max']:.2f}) |")
     lines += ["", "### 2. Time per sample against micro-batch size (MLP, effective batch "
               f"{results['micro_batch_time'][0]['effective_batch']})", ""]
@@ -375,24 +374,25 @@ def markdown(results: dict, out: Path = HERE) -> str:
         lines.append(f"| {k} | {w['bytes_per_step']:,.0f} | {e['bytes_per_step']:,.0f} | "
                      f"{w['syncs_per_step']:.0f} / {e['syncs_per_step']:.0f} | "
                      f"{1e3 * w['seconds_per_step']:.2f} | {1e3 * e['seconds_per_step']:.2f} |")
-    lines += ["", "### 6. DDP, 2 gloo processes: the engine against the plain nanoGPT loop", "",
+    lines += ["", "### 6. DDP, 2 gloo processes: the engine against the exact plain loop", "",
               "Each window is timed after a barrier, "
               f"{'one window' if ddp_turn == 1 else f'{ddp_turn} consecutive windows'} a turn. "
-              "*Plain "
-              "carrying the totals*: the plain "
-              "loop whose last backward carries the window's item count and loss sum as the "
-              "engine's does (the price of the exact global mean, alone). *Plain copy*: the "
-              "plain loop on another copy of the model, what a tie measures in this run.", "",
-              "| k | engine / plain no_sync loop | engine without norm history / plain | "
-              "plain carrying the totals / plain | plain copy / plain | engine ms (min–max) |",
-              "|---|---|---|---|---|---|"]
+              "*Exact plain*: the no_sync loop made exact torchtune-style (all-reduced item count, "
+              "one foreach rescale); over nanoGPT's (÷ k): the price of exactness. *A/A*: it on "
+              "another copy. *Fixed cost*: the median over rounds of engine − exact plain.", "",
+              "| k | engine / exact plain | engine without norm history / exact plain | exact "
+              "plain / nanoGPT plain | A/A: exact plain copy / exact plain | engine's fixed "
+              "cost, µs per window (without norm history) | engine ms (min–max) |",
+              "|---|---|---|---|---|---|---|"]
+    ratios = ("engine_vs_exact_plain", "engine_no_norm_vs_exact_plain", "exact_plain_vs_plain",
+              "exact_plain_copy_vs_exact_plain")
     for row in results.get("ddp_engine", []):
         engine = row["engine"]
-        lines.append(f"| {row['k']} | {row['engine_vs_plain']:.3f} | "
-                     f"{row['engine_no_norm_vs_plain']:.3f} | "
-                     f"{row['plain_carrying_vs_plain']:.3f} | {row['plain_copy_vs_plain']:.3f} | "
-                     f"{1e3 * engine['median']:.2f}"
-                     f" ({1e3 * engine['min']:.2f}–{1e3 * engine['max']:.2f}) |")
+        lines.append(f"| {row['k']} | {' | '.join(f'{row[key]:.3f}' for key in ratios)} | "
+                     f"{row['engine_minus_exact_plain_us']:+.0f} "
+                     f"({row['engine_no_norm_minus_exact_plain_us']:+.0f}) | "
+                     f"{1e3 * engine['median']:.2f} ({1e3 * engine['min']:.2f}–"
+                     f"{1e3 * engine['max']:.2f}) |")
     lines += ["", "### 7. CUDA", ""] + cuda_section(out)
     return "\n".join(lines)
 

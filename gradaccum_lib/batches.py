@@ -31,7 +31,10 @@ __all__ = [
     "check_loss_output",
     "concatenate_micro_batches",
     "LossFn",
+    "NonFiniteGradientError",
     "NonFiniteLossError",
+    "check_window_totals",
+    "window_totals",
     "split_into_micro_batches",
     "windows_of",
 ]
@@ -54,6 +57,10 @@ class NonFiniteLossError(FloatingPointError):
         )
         self.micro_step = micro_step
         self.value = value
+
+
+class NonFiniteGradientError(FloatingPointError):
+    """A window's accumulated gradient is inf or NaN (and no GradScaler is there to skip)."""
 
 
 def _tensors_of(batch: Batch) -> list[tuple[str, Tensor]]:
@@ -265,3 +272,42 @@ def _windows(micro_batches: Iterable[Batch], accumulation_steps: int) -> Iterato
             window = []
     if window:
         yield window
+
+
+def window_totals(losses: list, counts: list) -> Tensor | list[float]:
+    """Return one rank's window totals, ``[items, finite loss sum, non-finite losses, invalid
+    counts]``, from its micro-batches' summed losses and counts: numbers when every value is
+    one (read on a CPU), else a float64 tensor computed on their device (no host sync)."""
+    if not any(isinstance(value, Tensor) for value in (*losses, *counts)):
+        valid = [c for c in counts if math.isfinite(c) and c >= 0]
+        finite = [loss for loss in losses if math.isfinite(loss)]
+        return [float(sum(valid)), float(sum(finite)), float(len(losses) - len(finite)),
+                float(len(counts) - len(valid))]
+    device = next(v.device for v in (*losses, *counts) if isinstance(v, Tensor))
+    loss, items = (torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device)
+                                for v in values]) for values in (losses, counts))
+    valid, finite = torch.isfinite(items) & (items >= 0), torch.isfinite(loss)
+    return torch.stack([torch.where(valid, items, 0.0).sum(), torch.where(finite, loss, 0.0).sum(),
+                        (~finite).sum().double(), (~valid).sum().double()])
+
+
+def check_window_totals(totals: Sequence[float], summed_losses: Sequence[Tensor | float],
+                        counts: Sequence[Tensor | float], window: int) -> tuple[float, float]:
+    """Return a window's (items, summed loss) from its :func:`window_totals` summed over every
+    rank; raise on a non-finite loss, an invalid count or no items, naming the micro-batch
+    when this rank's own ``summed_losses`` and ``counts`` hold it."""
+    items, loss_sum, bad_losses, bad_counts = totals
+    if bad_counts:
+        for micro_step, count in enumerate(counts):
+            _check_count(float(count), micro_step)
+        raise ValueError("a micro-batch on another rank returned an invalid num_items "
+                         "(negative or not finite)")
+    if bad_losses:
+        for micro_step, loss in enumerate(summed_losses):
+            if not math.isfinite(float(loss)):
+                raise NonFiniteLossError(micro_step, float(loss))
+        raise NonFiniteLossError(-1, float("nan"), where="on another rank")
+    if items <= 0:
+        raise ValueError(f"window {window} covers no items (every num_items was 0 on every "
+                         "rank)")
+    return items, loss_sum

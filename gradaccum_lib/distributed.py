@@ -1,29 +1,21 @@
-"""What a torchrun worker uses: the process group and :func:`run_worker`, its entry point
-(DDP's communication hooks are in :mod:`gradaccum_lib.comm_hooks`).
+"""What a worker needs to take part in gradient accumulation across ranks: join the process
+group (gloo on CPU, nccl on CUDA), tell how a model synchronises its gradients, and skip that
+sync on a window's inner micro-steps.
 
-``torchrun`` starts the processes (gloo on CPU, nccl on CUDA); :mod:`gradaccum_lib.launcher`
-starts torchrun from a notebook or a test. Under torchrun, :func:`run_worker` makes the worker
-die with its torchrun agent and print its Python stacks on SIGUSR1, and
-:func:`init_distributed` meets the other ranks through the file that
-:func:`~gradaccum_lib.launcher.launch` names (no TCP store listening on every interface).
+``torchrun`` starts the processes; :func:`init_distributed` meets the other ranks through
+torchrun's store, or through the file that :func:`gradaccum_lib.jobs.launcher.launch` names
+(no TCP store listening on every interface). A worker's entry point, which makes it die with
+its agent, is :func:`gradaccum_lib.jobs.worker.run_worker`.
 """
 
 from __future__ import annotations
 
-import ctypes
-import faulthandler
 import os
-import signal
-import sys
-import threading
-import time
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -36,7 +28,6 @@ __all__ = [
     "gradient_sync_kind",
     "init_distributed",
     "process_group_session",
-    "run_worker",
 ]
 
 #: set by launch() for its run: the run id, the torchrun agent's pid (run_worker exits when
@@ -44,10 +35,9 @@ __all__ = [
 RUN_ID_VARIABLE = "GRADACCUM_RUN_ID"
 AGENT_PID_VARIABLE = "GRADACCUM_AGENT_PID"
 STORE_FILE_VARIABLE = "GRADACCUM_STORE_FILE"
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def _launch_variable(name: str) -> str | None:
+def launch_variable(name: str) -> str | None:
     """Return the variable ``name`` if launch() set it for THIS torchrun run, else None (a
     torchrun started inside one of launch()'s workers inherits its variables)."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
@@ -109,7 +99,7 @@ def init_distributed(timeout_seconds: float = 60.0) -> DistributedContext:
         backend, device = "gloo", torch.device("cpu")
     if not dist.is_initialized():  # launch()'s runs meet through a file, not a TCP store
         timeout = timedelta(seconds=timeout_seconds)
-        store_file = _launch_variable(STORE_FILE_VARIABLE)
+        store_file = launch_variable(STORE_FILE_VARIABLE)
         if store_file:
             dist.init_process_group(backend, init_method=Path(store_file).as_uri(), rank=rank,
                                     world_size=world_size, timeout=timeout)
@@ -168,73 +158,3 @@ def process_group_session() -> Iterator[None]:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _set_parent_death_signal() -> bool:
-    """Return True once the kernel will SIGKILL this process when the thread that started it
-    exits (Linux ``prctl(PR_SET_PDEATHSIG)``), False where that is not available."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def _exit_orphaned(parent_pid: int) -> NoReturn:
-    """Exit this process at once (code 1): its parent ``parent_pid`` is gone."""
-    print(f"torchrun agent (pid {parent_pid}) is gone; worker {os.getpid()} exits",
-          file=sys.stderr, flush=True)
-    os._exit(1)
-
-
-def _watch_parent(parent_pid: int, poll_seconds: float = 0.5) -> threading.Thread:
-    """Start and return a daemon thread that exits the process once its parent is no longer
-    ``parent_pid``."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(poll_seconds)
-        _exit_orphaned(parent_pid)
-
-    thread = threading.Thread(target=watch, name="gradaccum-parent-watchdog", daemon=True)
-    thread.start()
-    return thread
-
-
-def _exit_with_agent() -> None:
-    """Make this torchrun worker die with its agent (a SIGKILLed agent cannot stop it): the
-    parent-death signal on Linux (torchrun starts workers from its main thread), a watchdog
-    thread elsewhere; exit now if the agent is already gone."""
-    agent_pid = int(_launch_variable(AGENT_PID_VARIABLE) or os.getppid())
-    if not _set_parent_death_signal():
-        _watch_parent(agent_pid)
-    if os.getppid() != agent_pid:  # the agent died before the signal was armed
-        _exit_orphaned(agent_pid)
-
-
-def run_worker(main: Callable[[], int]) -> None:
-    """Run a torchrun worker's ``main`` and exit with its code, skipping the interpreter's
-    finalisation when launched by torchrun: gloo's worker threads can abort the process
-    during finalisation ("terminate called without an active exception", about one run in
-    ten here), after the work is done. ``main`` must destroy its process group first. Under
-    torchrun the worker dies with its agent, and SIGUSR1 prints its Python stacks to stderr
-    (what :func:`~gradaccum_lib.launcher.launch` shows for the ranks that hang).
-    """
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        _exit_with_agent()
-        if hasattr(signal, "SIGUSR1"):
-            faulthandler.register(signal.SIGUSR1, all_threads=True)
-    try:
-        code = main()
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-    except BaseException:  # noqa: BLE001 - report any failure as the rank's traceback
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if "TORCHELASTIC_RUN_ID" in os.environ or "RANK" in os.environ:
-        os._exit(code)
-    sys.exit(code)

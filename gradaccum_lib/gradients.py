@@ -27,6 +27,7 @@ from .runtime import check_bool
 __all__ = [
     "Gradients",
     "check_finite_gradients",
+    "first_non_finite_gradient",
     "check_gradient_dict",
     "collected_gradients",
     "flatten_gradients",
@@ -117,19 +118,28 @@ def inputs_untouched(batches: Iterable[object], model: nn.Module) -> Iterator[No
             leaf.grad = grad
 
 
-def check_finite_gradients(model: nn.Module, micro_step: int) -> None:
-    """Raise a ValueError naming the first parameter whose ``.grad`` holds a NaN or an inf."""
+def first_non_finite_gradient(model: nn.Module) -> str | None:
+    """Return the name of the first parameter whose ``.grad`` holds a NaN or an inf, or None
+    (an FSDP2 shard is checked whole: every rank must call it)."""
     for name, parameter in model.named_parameters():
         grad = parameter.grad
         if grad is None:
             continue
-        values = grad.coalesce().values() if grad.is_sparse else grad
-        if not bool(torch.isfinite(values).all()):
-            raise ValueError(
-                f"the gradient of parameter {name!r} is not finite (NaN or inf) after micro-batch "
-                f"{micro_step}; refusing to return it (a 16-bit model overflowing, or a loss "
-                "whose backward divides by zero)"
-            )
+        grad = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
+        if not bool(torch.isfinite(grad.coalesce().values() if grad.is_sparse else grad).all()):
+            return name
+    return None
+
+
+def check_finite_gradients(model: nn.Module, micro_step: int) -> None:
+    """Raise a ValueError naming the first parameter whose ``.grad`` holds a NaN or an inf."""
+    name = first_non_finite_gradient(model)
+    if name is not None:
+        raise ValueError(
+            f"the gradient of parameter {name!r} is not finite (NaN or inf) after micro-batch "
+            f"{micro_step}; refusing to return it (a 16-bit model overflowing, or a loss "
+            "whose backward divides by zero)"
+        )
 
 
 def _checked_pair(grads_a: Mapping[str, Tensor], grads_b: Mapping[str, Tensor]) -> None:

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.distributed as dist
+
+from .distributed import gradient_sync_kind
 
 __all__ = [
     "PROFILES",
@@ -292,3 +295,9 @@ def check_trainer_arguments(model: object, loss_fn: object, optimizer: object,  
                    for name in ("on_micro_step", "on_window_end")):
             raise TypeError("each observer needs on_micro_step and on_window_end methods; "
                             f"got {type(observer).__name__}")
+    world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if world_size > 1 and gradient_sync_kind(model) == "none":
+        raise ValueError(
+            f"model is a plain {type(model).__name__} but the process group has {world_size} "
+            "ranks: its gradients would never be synchronised and the ranks would drift apart; "
+            "wrap it in DistributedDataParallel or shard it with fully_shard (FSDP2)")

@@ -128,7 +128,7 @@ def benchmarks_run() -> ModuleType:
 def encoded_notes(count: int, length: int, device: torch.device | str) -> dict:
     """Return the first ``count`` EMR training notes, padded to ``length`` tokens, on
     ``device``."""
-    from gradaccum_lib.data import encode_records, load_emr_split, load_tokenizer
+    from gradaccum_lib.workloads.data import encode_records, load_emr_split, load_tokenizer
 
     notes = encode_records(load_emr_split("train")[:count], load_tokenizer(), max_length=length)
     return {key: value.to(device) for key, value in notes.items()}
@@ -137,8 +137,8 @@ def encoded_notes(count: int, length: int, device: torch.device | str) -> dict:
 def model_factory(config: Mapping[str, int], length: int,
                   device: torch.device | str) -> Callable[[], torch.nn.Module]:
     """Return ``make_model()``: a copy of one BERT of ``config`` (built once), on ``device``."""
-    from gradaccum_lib.data import load_tokenizer
-    from gradaccum_lib.models import make_tiny_bert
+    from gradaccum_lib.workloads.data import load_tokenizer
+    from gradaccum_lib.workloads.models import make_tiny_bert
 
     template = make_tiny_bert(len(load_tokenizer()), 10, max_length=length, **config)
     return lambda: copy.deepcopy(template).to(device)
@@ -147,7 +147,7 @@ def model_factory(config: Mapping[str, int], length: int,
 def cuda_growth_bytes(step: Callable[[], object]) -> int | None:
     """Return the CUDA allocator's peak during ``step()`` minus what was allocated before it
     (None without CUDA)."""
-    from gradaccum_lib.memory import cuda_peak_bytes
+    from gradaccum_lib.measure.memory import cuda_peak_bytes
 
     if not torch.cuda.is_available():
         return None
@@ -165,7 +165,7 @@ def peak_memory_rows(name: str, make_model: Callable[[], torch.nn.Module], batch
     from gradaccum_lib import split_into_micro_batches
     from gradaccum_lib.batches import batch_size
     from gradaccum_lib.losses import bert_classification_loss
-    from gradaccum_lib.memory import activation_bytes, cuda_peak_bytes, tensor_peak_bytes
+    from gradaccum_lib.measure.memory import activation_bytes, cuda_peak_bytes, tensor_peak_bytes
 
     run = benchmarks_run()
     measures = {"cuda_peak_bytes": cuda_peak_bytes, "cuda_growth_bytes": cuda_growth_bytes,

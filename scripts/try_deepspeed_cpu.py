@@ -34,10 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from gradaccum_lib import split_into_micro_batches  # noqa: E402
-from gradaccum_lib.data import make_toy_classification  # noqa: E402
 from gradaccum_lib.equivalence import audit_update  # noqa: E402
 from gradaccum_lib.losses import sample_classification_loss  # noqa: E402
-from gradaccum_lib.models import make_mlp  # noqa: E402
+from gradaccum_lib.workloads.data import make_toy_classification  # noqa: E402
+from gradaccum_lib.workloads.models import make_mlp  # noqa: E402
 
 MICRO_BATCH = 8
 

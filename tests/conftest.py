@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradaccum_lib.data import encode_records, load_emr_split, load_tokenizer
-from gradaccum_lib.models import make_tiny_bert
+from gradaccum_lib.workloads.data import encode_records, load_emr_split, load_tokenizer
+from gradaccum_lib.workloads.models import make_tiny_bert
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,7 @@ import pytest
 import torch
 
 from gradaccum_lib import split_into_micro_batches
-from gradaccum_lib.batches import concatenate_micro_batches
-from gradaccum_lib.equivalence import AuditResult, audit_update
-from gradaccum_lib.frameworks import (
+from gradaccum_lib.audits.frameworks import (
     WindowDataset,
     accelerate_step,
     bare_loop_step,
@@ -17,8 +15,10 @@ from gradaccum_lib.frameworks import (
     library_step,
     summed_cross_entropy_over_window,
 )
+from gradaccum_lib.audits.hf_trainer import hf_trainer_clipped_run
+from gradaccum_lib.batches import concatenate_micro_batches
+from gradaccum_lib.equivalence import AuditResult, audit_update
 from gradaccum_lib.losses import bert_classification_loss
-from gradaccum_lib.trainer_audit import hf_trainer_clipped_run
 
 
 def SGD(parameters):  # noqa: N802 - reads like the optimizer it builds

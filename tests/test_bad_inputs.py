@@ -18,28 +18,22 @@ from torch import nn
 from gradaccum_lib import (
     NonFiniteLossError,
     accumulated_gradients,
-    cluster,
-    data,
-    emr_corpus,
     equivalence,
     full_batch_gradients,
     losses,
     max_gradient_difference,
-    memory,
-    metrics,
-    models,
-    noise,
-    planning,
     runtime,
     split_into_micro_batches,
-    widgets,
 )
 from gradaccum_lib import batches as batches_module
-from gradaccum_lib.accumulation import AccumulationTrainer
-from gradaccum_lib.checkpoints import CheckpointError, read_checkpoint, write_checkpoint
-from gradaccum_lib.ddp import parse_arguments
-from gradaccum_lib.history import TrainingHistory
+from gradaccum_lib.accumulation import AccumulationTrainer, TrainingHistory
+from gradaccum_lib.jobs.checkpoints import CheckpointError, read_checkpoint, write_checkpoint
+from gradaccum_lib.jobs.ddp import parse_arguments
+from gradaccum_lib.jobs.resume import Resumable
 from gradaccum_lib.losses import sample_classification_loss as LOSS
+from gradaccum_lib.measure import cluster, memory, metrics, noise, planning
+from gradaccum_lib.notebook import widgets
+from gradaccum_lib.workloads import data, emr_corpus, models
 
 INPUTS, LABELS = data.make_toy_classification(8, 6, 3, seed=0)
 BATCH = (INPUTS, LABELS)
@@ -121,12 +115,16 @@ def _trainer(k=2, optimizer="adamw", step_lr=False, hidden=8, loss_fn=LOSS, **kw
     return AccumulationTrainer(model, loss_fn, opt, accumulation_steps=k, **kwargs)
 
 
+def _resumable(**kwargs) -> Resumable:
+    return Resumable(_trainer(**kwargs))
+
+
 def _checkpoint(tmp: Path, damage=None, **trainer_kwargs) -> Path:
     """A checkpoint of a trainer after one window, optionally damaged."""
     trainer = _trainer(**trainer_kwargs)
     trainer.step_window(PARTS)
     path = tmp / "c.pt"
-    trainer.save_checkpoint(path)
+    Resumable(trainer).save_checkpoint(path)
     if damage is not None:
         path.write_bytes(damage(path.read_bytes()))
     return path
@@ -136,7 +134,7 @@ def _state_checkpoint(tmp: Path, **changes) -> Path:
     trainer = _trainer()
     trainer.step_window(PARTS)
     path = tmp / "s.pt"
-    write_checkpoint({**trainer.state_dict(), **changes}, path)
+    write_checkpoint({**Resumable(trainer).state_dict(), **changes}, path)
     return path
 
 
@@ -761,58 +759,58 @@ CASES = [
         split_into_micro_batches(BATCH, accumulation_steps=4)), V,
         r"window .* 4 micro-batches .* accumulation_steps is 2"),
     row("train-epoch-tensor", lambda tmp: _trainer().train_epoch(INPUTS), T,
-        r"micro_batches must be an iterable of micro-batches .* got Tensor"),
+        r"micro_batches must be a list \(or another iterable\) of micro-batches.* got Tensor"),
     row("train-epoch-max-windows-0", lambda tmp: _trainer().train_epoch(PARTS, max_windows=0),
         V, r"max_windows must be a positive int; got 0"),
-    row("train-epoch-checkpoint-every-0", lambda tmp: _trainer().train_epoch(
+    row("train-epoch-checkpoint-every-0", lambda tmp: _resumable().train_epoch(
         PARTS, checkpoint_path=tmp / "c.pt", checkpoint_every=0), V,
         r"checkpoint_every must be a positive int; got 0"),
-    row("train-epoch-half-checkpoint", lambda tmp: _trainer().train_epoch(
+    row("train-epoch-half-checkpoint", lambda tmp: _resumable().train_epoch(
         PARTS, checkpoint_path=tmp / "c.pt"), V,
         r"give both checkpoint_path and checkpoint_every, or neither"),
-    row("train-epoch-checkpoint-dir-missing", lambda tmp: _trainer().train_epoch(
+    row("train-epoch-checkpoint-dir-missing", lambda tmp: _resumable().train_epoch(
         PARTS, checkpoint_path=tmp / "nope" / "c.pt", checkpoint_every=1), CheckpointError,
         r"checkpoint directory .*nope does not exist"),
-    row("train-epoch-checkpoint-path-int", lambda tmp: _trainer().train_epoch(
+    row("train-epoch-checkpoint-path-int", lambda tmp: _resumable().train_epoch(
         PARTS, checkpoint_path=5, checkpoint_every=1), T, r"checkpoint_path must be a path"),
     row("train-epoch-empty", lambda tmp: _trainer().train_epoch([]), V,
         r"micro_batches is empty"),
     # ---- the engine: checkpoints
-    row("checkpoint-truncated", lambda tmp: _trainer().load_checkpoint(
+    row("checkpoint-truncated", lambda tmp: _resumable().load_checkpoint(
         _checkpoint(tmp, lambda b: b[: len(b) // 3])), CheckpointError,
         r"checkpoint .*c\.pt is corrupted or truncated"),
-    row("checkpoint-empty", lambda tmp: _trainer().load_checkpoint(
+    row("checkpoint-empty", lambda tmp: _resumable().load_checkpoint(
         _checkpoint(tmp, lambda b: b"")), CheckpointError,
         r"checkpoint .*c\.pt is empty \(0 bytes\)"),
-    row("checkpoint-garbage", lambda tmp: _trainer().load_checkpoint(
+    row("checkpoint-garbage", lambda tmp: _resumable().load_checkpoint(
         _checkpoint(tmp, lambda b: b"PK\x03\x04 garbage" * 20)), CheckpointError,
         r"checkpoint .*c\.pt is not a gradaccum checkpoint"),
-    row("checkpoint-flipped-bit", lambda tmp: _trainer().load_checkpoint(
+    row("checkpoint-flipped-bit", lambda tmp: _resumable().load_checkpoint(
         _checkpoint(tmp, _flip_inside_tensor_data)), CheckpointError,
         r"checkpoint .*c\.pt is corrupted or truncated: its content hash is"),
-    row("checkpoint-missing", lambda tmp: _trainer().load_checkpoint(tmp / "none.pt"),
+    row("checkpoint-missing", lambda tmp: _resumable().load_checkpoint(tmp / "none.pt"),
         CheckpointError, r"checkpoint .*none\.pt does not exist"),
-    row("checkpoint-directory", lambda tmp: _trainer().load_checkpoint(tmp), CheckpointError,
+    row("checkpoint-directory", lambda tmp: _resumable().load_checkpoint(tmp), CheckpointError,
         r"checkpoint .* cannot be read: .*Is a directory"),
-    row("checkpoint-other-model", lambda tmp: _trainer(hidden=16).load_checkpoint(
+    row("checkpoint-other-model", lambda tmp: _resumable(hidden=16).load_checkpoint(
         _checkpoint(tmp)), CheckpointError,
         r"c\.pt: .*model: another architecture .*different shapes \['0\.weight'"),
-    row("checkpoint-other-k", lambda tmp: _trainer(k=3).load_checkpoint(_checkpoint(tmp)),
+    row("checkpoint-other-k", lambda tmp: _resumable(k=3).load_checkpoint(_checkpoint(tmp)),
         CheckpointError, r"c\.pt: .*accumulation_steps: checkpoint 2, trainer 3"),
-    row("checkpoint-sgd-into-adamw", lambda tmp: _trainer().load_checkpoint(
+    row("checkpoint-sgd-into-adamw", lambda tmp: _resumable().load_checkpoint(
         _checkpoint(tmp, optimizer="sgd")), CheckpointError,
         r"c\.pt: .*optimizer_kind: checkpoint 'SGD', trainer 'AdamW'"),
-    row("checkpoint-other-scheduler", lambda tmp: _trainer(step_lr=True).load_checkpoint(
+    row("checkpoint-other-scheduler", lambda tmp: _resumable(step_lr=True).load_checkpoint(
         _checkpoint(tmp)), CheckpointError, r"scheduler_kind: checkpoint None, trainer 'StepLR'"),
-    row("checkpoint-other-format", lambda tmp: _trainer().load_checkpoint(
+    row("checkpoint-other-format", lambda tmp: _resumable().load_checkpoint(
         _state_checkpoint(tmp, format=1)), CheckpointError,
-        r"s\.pt: checkpoint format is 1; this version of gradaccum reads format 2"),
-    row("checkpoint-foreign-dict", lambda tmp: _trainer().load_checkpoint(
+        r"s\.pt: checkpoint format is 1; this version of gradaccum reads format 3"),
+    row("checkpoint-foreign-dict", lambda tmp: _resumable().load_checkpoint(
         write_checkpoint({"a": torch.zeros(1)}, tmp / "f.pt")), CheckpointError,
         r"f\.pt: checkpoint state is missing \['model', 'optimizer'"),
-    row("checkpoint-path-none", lambda tmp: _trainer().load_checkpoint(None), T,
+    row("checkpoint-path-none", lambda tmp: _resumable().load_checkpoint(None), T,
         r"path must be a path .* got NoneType"),
-    row("checkpoint-bad-epoch-field", lambda tmp: _trainer().load_checkpoint(
+    row("checkpoint-bad-epoch-field", lambda tmp: _resumable().load_checkpoint(
         _state_checkpoint(tmp, epoch="x")), CheckpointError, r"epoch must be an int.*'x'"),
     row("write-checkpoint-state-int", lambda tmp: write_checkpoint(5, tmp / "c.pt"), T,
         r"state must be a dict; got int"),

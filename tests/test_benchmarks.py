@@ -22,6 +22,7 @@ def test_quick_benchmark_writes_json_table_and_figure(tmp_path):
             assert 0 < row[loop]["min"] <= row[loop]["median"] <= row[loop]["max"]
         assert row["library_vs_bare"] > 0 and row["library_vs_accelerate"] > 0
         assert row["library_no_norm_vs_bare"] > 0 and row["bare_copy_vs_bare"] > 0
+        assert isinstance(row["library_minus_bare_us"], float)  # a difference: either sign
         assert row["windows_per_turn"] == (2 if row["model"] == "MLP" else 1)
     memory = results["activation_memory"]
     assert [row["k"] for row in memory] == [1, 2, 4]
@@ -45,16 +46,23 @@ def test_quick_benchmark_writes_json_table_and_figure(tmp_path):
     assert [row["k"] for row in engine_rows] == [1, 2, 4, 8, 16]
     for row in engine_rows:
         assert row["windows_per_turn"] == 1
-        for name in ("engine", "engine_no_norm", "plain", "plain_carrying", "plain_copy"):
+        for name in ("engine", "engine_no_norm", "plain", "exact_plain", "exact_plain_copy"):
             assert 0 < row[name]["min"] <= row[name]["median"] <= row[name]["max"]
-        assert all(row[f"{name}_vs_plain"] > 0 for name in (
-            "engine", "engine_no_norm", "plain_carrying", "plain_copy"))
+        assert all(row[key] > 0 for key in (
+            "engine_vs_exact_plain", "engine_no_norm_vs_exact_plain", "exact_plain_vs_plain",
+            "exact_plain_copy_vs_exact_plain"))
+        for name in ("engine", "engine_no_norm"):  # the fixed cost per window, µs: either sign
+            assert isinstance(row[f"{name}_minus_exact_plain_us"], float)
+        assert "plain_carrying" not in row and "engine_vs_plain" not in row  # gone
     assert results["steady_allocator"] is True  # glibc here
     readme = (tmp_path / "README.md").read_text()
     assert readme.startswith("# kept header") and readme.endswith("kept footer\n")
     assert "old table" not in readme and "| MLP | 1 |" in readme
     assert "for the MLP each loop's turn is 2 consecutive windows" in readme
     assert "Each window is timed after a barrier, one window a turn." in readme
+    assert "### 6. DDP, 2 gloo processes: the engine against the exact plain loop" in readme
+    assert "| engine / exact plain |" in readme and "| exact plain / nanoGPT plain |" in readme
+    assert "library − bare, µs per window" in readme and "carrying" not in readme
     assert "### 4. Tiny BERT at the article's record length (s = 256" in readme
     assert "make gpu-check" in readme  # no GPU, no README-gpu.md: the CUDA section says how
     assert (tmp_path / "results.png").read_bytes().startswith(b"\x89PNG")

@@ -12,9 +12,9 @@ from gradaccum_lib import (
     max_gradient_difference,
     split_into_micro_batches,
 )
-from gradaccum_lib.data import make_toy_classification, make_toy_token_batch
 from gradaccum_lib.losses import sample_classification_loss, token_classification_loss
-from gradaccum_lib.models import TokenTagger, make_mlp
+from gradaccum_lib.workloads.data import make_toy_classification, make_toy_token_batch
+from gradaccum_lib.workloads.models import TokenTagger, make_mlp
 
 MODEL = make_mlp(5, 7, 3, seed=11)
 TAGGER = TokenTagger(20, 6, 4, seed=12)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gradaccum_lib.launcher import launch, torchrun_command
-from gradaccum_lib.planning import DdpStepModel, fit_ddp_step_model
-from gradaccum_lib.plots import plot_ddp_step
-from gradaccum_lib.widgets import ddp_time_explorer, describe_ddp_step
+from gradaccum_lib.jobs.launcher import launch, torchrun_command
+from gradaccum_lib.measure.planning import DdpStepModel, fit_ddp_step_model
+from gradaccum_lib.notebook.plots import plot_ddp_step
+from gradaccum_lib.notebook.widgets import ddp_time_explorer, describe_ddp_step
 
 
 def test_ddp_step_model_times_and_shares():
@@ -53,7 +53,7 @@ def test_torchrun_command_single_and_multi_node():
 
 
 def test_fsdp2_without_sync_holds_the_unsharded_gradient():
-    probe = launch("gradaccum_lib.fsdp_probe", [], nproc_per_node=2, timeout_seconds=180)
+    probe = launch("gradaccum_lib.jobs.fsdp_probe", [], nproc_per_node=2, timeout_seconds=180)
     assert probe["no_sync"] == {"unsharded": probe["parameter_bytes"], "sharded": 0}
     assert probe["sync"] == {"unsharded": 0, "sharded": probe["parameter_bytes"] // 2}
 

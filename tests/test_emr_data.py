@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradaccum_lib.data import encode_records, load_emr_split, load_tokenizer, mask_tokens
-from gradaccum_lib.emr_corpus import (
+from gradaccum_lib.losses import bert_classification_loss, bert_masked_lm_loss
+from gradaccum_lib.workloads.data import encode_records, load_emr_split, load_tokenizer, mask_tokens
+from gradaccum_lib.workloads.emr_corpus import (
     DATA_DIR,
     DIAGNOSES,
     LABELS,
@@ -15,8 +16,7 @@ from gradaccum_lib.emr_corpus import (
     generate_emr_corpus,
     write_emr_corpus,
 )
-from gradaccum_lib.losses import bert_classification_loss, bert_masked_lm_loss
-from gradaccum_lib.models import make_tiny_bert, make_tiny_causal_lm
+from gradaccum_lib.workloads.models import make_tiny_bert, make_tiny_causal_lm
 
 
 @pytest.fixture(scope="module")

@@ -16,14 +16,14 @@ from gradaccum_lib import (
     max_gradient_difference,
     split_into_micro_batches,
 )
-from gradaccum_lib.data import make_toy_classification, make_toy_token_batch
 from gradaccum_lib.equivalence import (
     averaged_micro_batch_gradients,
     flatten_gradients,
     parameters_after_step,
 )
 from gradaccum_lib.losses import sample_classification_loss, token_classification_loss
-from gradaccum_lib.models import TokenTagger, make_mlp
+from gradaccum_lib.workloads.data import make_toy_classification, make_toy_token_batch
+from gradaccum_lib.workloads.models import TokenTagger, make_mlp
 
 
 @pytest.fixture

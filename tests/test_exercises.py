@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from gradaccum_lib.exercises import EXERCISES, WrongAnswer, check_exercise
 from gradaccum_lib.losses import token_classification_loss
+from gradaccum_lib.notebook.exercises import EXERCISES, WrongAnswer, check_exercise
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 CHECK = re.compile(r"check_exercise\(\s*\"(\d\d\.\d)\"")

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gradaccum_lib.launcher import LaunchTimeout, launch
+from gradaccum_lib.jobs.launcher import LaunchTimeout, launch
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -92,7 +92,7 @@ def test_workers_that_ignore_sigterm_are_killed_at_the_timeout(tmp_path):
 def test_an_interrupted_caller_leaves_no_process(tmp_path):
     # Ctrl-C or "Interrupt kernel" in the caller: SIGINT, a KeyboardInterrupt in launch()
     caller = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from gradaccum_lib.launcher import launch; "
+        [sys.executable, "-c", "import sys; from gradaccum_lib.jobs.launcher import launch; "
          "launch(sys.argv[1], ['--ready-dir', sys.argv[2]], timeout_seconds=120)",
          SLOW_TO_DIE, str(tmp_path)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     started: list[int] = []
@@ -136,7 +136,7 @@ def test_a_worker_exits_at_once_when_its_agent_is_already_gone():
     # (4194305 is above Linux's largest pid: no process has it)
     run_id = "gradaccum-test"
     worker = subprocess.run(
-        [sys.executable, "-c", "from gradaccum_lib.distributed import run_worker; "
+        [sys.executable, "-c", "from gradaccum_lib.jobs.worker import run_worker; "
          "run_worker(lambda: 0)"], cwd=ROOT, capture_output=True, text=True, timeout=60,
         env={**os.environ, "TORCHELASTIC_RUN_ID": run_id, "GRADACCUM_RUN_ID": run_id,
              "GRADACCUM_AGENT_PID": "4194305"})
@@ -147,7 +147,7 @@ def test_a_worker_exits_at_once_when_its_agent_is_already_gone():
 def test_the_watchdog_exits_a_process_whose_parent_dies(tmp_path):
     # the fallback where prctl(PR_SET_PDEATHSIG) is not available
     ready = tmp_path / "child"
-    child_code = ("import os, sys, time; from gradaccum_lib.distributed import _watch_parent; "
+    child_code = ("import os, sys, time; from gradaccum_lib.jobs.worker import _watch_parent; "
                   "_watch_parent(os.getppid(), 0.05); "
                   "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)")
     parent = subprocess.Popen(

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from gradaccum_lib import split_into_micro_batches
+from gradaccum_lib.audits.lightning import LightningCounts, lightning_step, lightning_step_counts
 from gradaccum_lib.equivalence import audit_update
-from gradaccum_lib.lightning_audit import LightningCounts, lightning_step, lightning_step_counts
 from gradaccum_lib.losses import bert_classification_loss
 
 pytest.importorskip("lightning")

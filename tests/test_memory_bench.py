@@ -7,17 +7,22 @@ import torch
 from torch import nn
 
 from gradaccum_lib import split_into_micro_batches
-from gradaccum_lib.bench import Timing, paired_ratio, steady_allocator, time_interleaved
-from gradaccum_lib.data import make_toy_classification
 from gradaccum_lib.losses import sample_classification_loss
-from gradaccum_lib.memory import activation_bytes, cuda_peak_bytes, memory_budget, static_bytes
-from gradaccum_lib.models import make_mlp
-from gradaccum_lib.planning import (
+from gradaccum_lib.measure.bench import Timing, paired_ratio, steady_allocator, time_interleaved
+from gradaccum_lib.measure.memory import (
+    activation_bytes,
+    cuda_peak_bytes,
+    memory_budget,
+    static_bytes,
+)
+from gradaccum_lib.measure.planning import (
     AccumulationPlan,
     StepTimeModel,
     fit_step_time,
     plan_accumulation,
 )
+from gradaccum_lib.workloads.data import make_toy_classification
+from gradaccum_lib.workloads.models import make_mlp
 
 
 def test_activation_bytes_of_a_known_layer_stack_is_exact():

@@ -9,10 +9,10 @@ import torch
 
 from gradaccum_lib import split_into_micro_batches
 from gradaccum_lib.accumulation import AccumulationTrainer
-from gradaccum_lib.data import make_toy_classification
 from gradaccum_lib.losses import sample_classification_loss
-from gradaccum_lib.memory import activation_bytes, static_bytes, tensor_peak_bytes
-from gradaccum_lib.models import make_mlp
+from gradaccum_lib.measure.memory import activation_bytes, static_bytes, tensor_peak_bytes
+from gradaccum_lib.workloads.data import make_toy_classification
+from gradaccum_lib.workloads.models import make_mlp
 
 
 def test_peak_of_known_allocations_is_exact():

@@ -9,17 +9,17 @@ import torch
 
 from gradaccum_lib import split_into_micro_batches
 from gradaccum_lib.accumulation import AccumulationTrainer
-from gradaccum_lib.data import make_toy_classification
 from gradaccum_lib.equivalence import flatten_gradients, full_batch_gradients
 from gradaccum_lib.losses import sample_classification_loss
-from gradaccum_lib.models import make_mlp
-from gradaccum_lib.noise import (
+from gradaccum_lib.measure.noise import (
     NoiseScaleTracker,
     brute_force_noise_scale,
     noise_scale_estimates,
     scaled_learning_rate,
 )
-from gradaccum_lib.widgets import describe_learning_rates, learning_rate_explorer
+from gradaccum_lib.notebook.widgets import describe_learning_rates, learning_rate_explorer
+from gradaccum_lib.workloads.data import make_toy_classification
+from gradaccum_lib.workloads.models import make_mlp
 
 
 def test_estimators_are_unbiased_for_known_moments():

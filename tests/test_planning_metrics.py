@@ -6,18 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradaccum_lib.data import make_toy_classification
-from gradaccum_lib.launcher import launch
+from gradaccum_lib.jobs.launcher import launch
+from gradaccum_lib.jobs.step_times import time_ddp_steps
 from gradaccum_lib.losses import sample_classification_loss
-from gradaccum_lib.memory import memory_budget
-from gradaccum_lib.metrics import classification_scores, predict_classes
-from gradaccum_lib.models import (
-    ROBERTA_WWM_EXT_LARGE,
-    count_bert_parameters,
-    make_mlp,
-    make_tiny_bert,
-)
-from gradaccum_lib.planning import (
+from gradaccum_lib.measure.memory import memory_budget
+from gradaccum_lib.measure.metrics import classification_scores, predict_classes
+from gradaccum_lib.measure.planning import (
     DdpStepModel,
     TransformerActivations,
     TransformerShape,
@@ -29,9 +23,15 @@ from gradaccum_lib.planning import (
     measure_bert_shape,
     plan_cluster,
 )
-from gradaccum_lib.plots import plot_cluster_plan
-from gradaccum_lib.step_times import time_ddp_steps
-from gradaccum_lib.widgets import cluster_explorer, describe_cluster_plan
+from gradaccum_lib.notebook.plots import plot_cluster_plan
+from gradaccum_lib.notebook.widgets import cluster_explorer, describe_cluster_plan
+from gradaccum_lib.workloads.data import make_toy_classification
+from gradaccum_lib.workloads.models import (
+    ROBERTA_WWM_EXT_LARGE,
+    count_bert_parameters,
+    make_mlp,
+    make_tiny_bert,
+)
 
 TRUE = TransformerActivations(outside_fixed=100.0, outside_per_token=8.0, per_layer_fixed=50.0,
                               per_layer_per_token=30.0, per_layer_per_token_squared=2.0)
@@ -89,7 +89,7 @@ def test_measure_bert_shape_predicts_a_measurement_outside_its_fit():
     from transformers import BertConfig, BertForSequenceClassification
 
     from gradaccum_lib.losses import bert_classification_loss
-    from gradaccum_lib.memory import activation_bytes
+    from gradaccum_lib.measure.memory import activation_bytes
 
     small = {"vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 2,
              "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 128,
@@ -211,7 +211,7 @@ def test_time_ddp_steps_in_one_process_times_every_k_and_sync_and_leaves_the_mod
 
 
 def test_time_ddp_steps_under_torchrun_reports_the_slowest_rank():
-    result = launch("gradaccum_lib.step_times", ["--ks", "1,2", "--repeats", "3"],
+    result = launch("gradaccum_lib.jobs.step_times", ["--ks", "1,2", "--repeats", "3"],
                     nproc_per_node=2, timeout_seconds=180)
     assert result["world_size"] == 2
     assert result["parameter_bytes"] == 8 * (16 * 256 + 256 + 256 * 4 + 4)  # float64 MLP
@@ -221,8 +221,8 @@ def test_time_ddp_steps_under_torchrun_reports_the_slowest_rank():
 
 
 def test_the_ddp_step_figure_is_one_panel_of_the_accumulation_plan_figure():
-    from gradaccum_lib.planning import StepTimeModel, plan_accumulation
-    from gradaccum_lib.plots import plot_accumulation_plan, plot_ddp_step
+    from gradaccum_lib.measure.planning import StepTimeModel, plan_accumulation
+    from gradaccum_lib.notebook.plots import plot_accumulation_plan, plot_ddp_step
 
     plan = plan_accumulation(num_parameters=10, activation_bytes_per_sample=1.0,
                              step_time=StepTimeModel(0.001, 0.0001), micro_batch_size=2,

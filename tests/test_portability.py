@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from gradaccum_lib.planning import fit_transformer_activations
+from gradaccum_lib.measure.planning import fit_transformer_activations
 
 
 @pytest.mark.parametrize("lengths", [(32, 64, 128), (16, 48, 512), (7, 11, 13)])

@@ -7,10 +7,11 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from gradaccum_lib.accumulation import AccumulationTrainer
-from gradaccum_lib.checkpoints import CheckpointError, read_checkpoint, write_checkpoint
-from gradaccum_lib.data import make_toy_classification
+from gradaccum_lib.jobs.checkpoints import CheckpointError, read_checkpoint, write_checkpoint
+from gradaccum_lib.jobs.resume import Resumable
 from gradaccum_lib.losses import sample_classification_loss
-from gradaccum_lib.models import make_mlp
+from gradaccum_lib.workloads.data import make_toy_classification
+from gradaccum_lib.workloads.models import make_mlp
 
 DATASET = TensorDataset(*make_toy_classification(100, 8, 3, seed=4))  # 6 windows of 16 + 4
 
@@ -45,17 +46,18 @@ def _run(make_loader, tmp_path, *, before_resume=lambda loader: None):
     loader = make_loader()
     if hasattr(loader.sampler, "set_epoch"):
         loader.sampler.set_epoch(0)
-    killed.train_epoch(loader, max_windows=3, checkpoint_path=tmp_path / "c.pt",
-                       checkpoint_every=3)
+    Resumable(killed).train_epoch(loader, max_windows=3, checkpoint_path=tmp_path / "c.pt",
+                                  checkpoint_every=3)
     torch.manual_seed(12345)  # the new process's generator is anywhere
     resumed = _trainer()
-    resumed.load_checkpoint(tmp_path / "c.pt")
+    resumable = Resumable(resumed)
+    resumable.load_checkpoint(tmp_path / "c.pt")
     loader = make_loader()
     before_resume(loader)
     for epoch in range(resumed.epoch, 2):
         if hasattr(loader.sampler, "set_epoch") and epoch > 0:
             loader.sampler.set_epoch(epoch)
-        resumed.train_epoch(loader)
+        resumable.train_epoch(loader)
     return uninterrupted, resumed
 
 
@@ -63,7 +65,7 @@ def test_resume_with_a_shuffling_dataloader_is_exact(tmp_path):
     uninterrupted, resumed = _run(lambda: DataLoader(DATASET, batch_size=4, shuffle=True),
                                   tmp_path)
     assert _equal(uninterrupted, resumed)
-    assert resumed.history.as_dict() == uninterrupted.history.as_dict()
+    assert resumed.history == uninterrupted.history
 
 
 def test_resume_with_a_seeded_loader_generator_is_exact(tmp_path):
@@ -94,27 +96,29 @@ def test_resume_with_a_sampler_at_the_wrong_epoch_is_refused(tmp_path):
 def test_resume_on_other_samples_is_refused_not_trained(tmp_path):
     torch.manual_seed(7)
     killed = _trainer()
-    killed.train_epoch(DataLoader(DATASET, batch_size=4, shuffle=False), max_windows=3,
-                       checkpoint_path=tmp_path / "c.pt", checkpoint_every=3)
+    Resumable(killed).train_epoch(DataLoader(DATASET, batch_size=4, shuffle=False),
+                                  max_windows=3, checkpoint_path=tmp_path / "c.pt",
+                                  checkpoint_every=3)
     resumed = _trainer()
-    resumed.load_checkpoint(tmp_path / "c.pt")
+    resumable = Resumable(resumed)
+    resumable.load_checkpoint(tmp_path / "c.pt")
     before = [p.detach().clone() for p in resumed.model.parameters()]
     reversed_data = TensorDataset(*(t.flip(0) for t in DATASET.tensors))
     with pytest.raises(ValueError, match="do not replay the interrupted run: window 2 differs"):
-        resumed.train_epoch(DataLoader(reversed_data, batch_size=4, shuffle=False))
+        resumable.train_epoch(DataLoader(reversed_data, batch_size=4, shuffle=False))
     assert all(torch.equal(a, b) for a, b in zip(before, resumed.model.parameters(),
                                                  strict=True))
 
 
 def test_resume_with_fewer_windows_than_trained_is_refused(tmp_path):
     killed = _trainer()
-    killed.train_epoch(DataLoader(DATASET, batch_size=4), max_windows=6,
-                       checkpoint_path=tmp_path / "c.pt", checkpoint_every=6)
-    resumed = _trainer()
-    resumed.load_checkpoint(tmp_path / "c.pt")
+    Resumable(killed).train_epoch(DataLoader(DATASET, batch_size=4), max_windows=6,
+                                  checkpoint_path=tmp_path / "c.pt", checkpoint_every=6)
+    resumable = Resumable(_trainer())
+    resumable.load_checkpoint(tmp_path / "c.pt")
     short = TensorDataset(*(t[:40] for t in DATASET.tensors))
     with pytest.raises(ValueError, match="hold 3 windows but the checkpoint had already"):
-        resumed.train_epoch(DataLoader(short, batch_size=4))
+        resumable.train_epoch(DataLoader(short, batch_size=4))
 
 
 @pytest.fixture
@@ -122,7 +126,7 @@ def checkpoint(tmp_path):
     trainer = _trainer()
     trainer.train_epoch(DataLoader(DATASET, batch_size=4), max_windows=2)
     path = tmp_path / "c.pt"
-    trainer.save_checkpoint(path)
+    Resumable(trainer).save_checkpoint(path)
     return path
 
 
@@ -131,7 +135,7 @@ def test_a_flipped_bit_in_the_tensor_data_is_refused_naming_the_path(checkpoint)
     data[len(data) // 2] ^= 0x01
     checkpoint.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=f"checkpoint {checkpoint} is corrupted"):
-        _trainer().load_checkpoint(checkpoint)
+        Resumable(_trainer()).load_checkpoint(checkpoint)
 
 
 @pytest.mark.parametrize(("damage", "message"), [
@@ -142,12 +146,12 @@ def test_a_flipped_bit_in_the_tensor_data_is_refused_naming_the_path(checkpoint)
 def test_unreadable_checkpoints_are_refused_naming_the_path(checkpoint, damage, message):
     checkpoint.write_bytes(damage(checkpoint.read_bytes()))
     with pytest.raises(CheckpointError, match=f"{checkpoint} {message}"):
-        _trainer().load_checkpoint(checkpoint)
+        Resumable(_trainer()).load_checkpoint(checkpoint)
 
 
 def test_a_missing_checkpoint_names_its_path(tmp_path):
     with pytest.raises(CheckpointError, match=f"checkpoint {tmp_path / 'none.pt'} does not"):
-        _trainer().load_checkpoint(tmp_path / "none.pt")
+        Resumable(_trainer()).load_checkpoint(tmp_path / "none.pt")
 
 
 def test_a_checkpoint_of_another_optimizer_is_refused_before_anything_is_restored(checkpoint):
@@ -158,7 +162,7 @@ def test_a_checkpoint_of_another_optimizer_is_refused_before_anything_is_restore
         scheduler=torch.optim.lr_scheduler.StepLR(optimizer, step_size=3))
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(CheckpointError, match="optimizer_kind: checkpoint 'AdamW', trainer 'SGD'"):
-        trainer.load_checkpoint(checkpoint)
+        Resumable(trainer).load_checkpoint(checkpoint)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert trainer.optimizer_steps == 0 and not optimizer.state
 
@@ -169,7 +173,7 @@ def test_a_checkpoint_of_another_model_or_k_names_the_mismatch(checkpoint):
                                   torch.optim.AdamW(wider.parameters()), accumulation_steps=2,
                                   progress=False)
     with pytest.raises(CheckpointError) as info:
-        trainer.load_checkpoint(checkpoint)
+        Resumable(trainer).load_checkpoint(checkpoint)
     assert "accumulation_steps: checkpoint 4, trainer 2" in str(info.value)
     assert "model: another architecture" in str(info.value)
 

@@ -8,9 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from gradaccum_lib.data import IGNORE_INDEX, PAD_ID, make_toy_classification, make_toy_token_batch
 from gradaccum_lib.losses import cross_entropy_sum, info_nce_loss
-from gradaccum_lib.models import TokenTagger, make_mlp
 from gradaccum_lib.runtime import (
     PROFILES,
     choose_device,
@@ -19,6 +17,13 @@ from gradaccum_lib.runtime import (
     make_generator,
     set_seed,
 )
+from gradaccum_lib.workloads.data import (
+    IGNORE_INDEX,
+    PAD_ID,
+    make_toy_classification,
+    make_toy_token_batch,
+)
+from gradaccum_lib.workloads.models import TokenTagger, make_mlp
 
 
 def test_profile_from_argument_environment_and_default(monkeypatch):

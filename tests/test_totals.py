@@ -1,5 +1,6 @@
-"""The engine's window totals (gradaccum_lib.totals) and its two passes over .grad
-(gradients.gradient_norm, scale_gradients_)."""
+"""The engine's window totals and their checks (batches.window_totals, check_window_totals)
+and its passes over .grad (gradients.gradient_norm, scale_gradients_,
+first_non_finite_gradient)."""
 
 from __future__ import annotations
 
@@ -8,33 +9,31 @@ import math
 import pytest
 import torch
 
-from gradaccum_lib.batches import NonFiniteLossError
-from gradaccum_lib.gradients import gradient_norm, scale_gradients_
-from gradaccum_lib.totals import checked_totals, device_totals, local_totals
+from gradaccum_lib.batches import NonFiniteLossError, check_window_totals, window_totals
+from gradaccum_lib.gradients import first_non_finite_gradient, gradient_norm, scale_gradients_
 
 
 def test_totals_count_bad_values_instead_of_summing_them():
     losses, counts = [1.5, float("nan"), 2.0], [3, 4, -1.0]
-    assert local_totals(losses, counts) == [7.0, 3.5, 1.0, 1.0]
+    assert window_totals(losses, counts) == [7.0, 3.5, 1.0, 1.0]  # numbers: no tensor
     tensors = [torch.tensor(v) for v in losses], [torch.tensor(c) for c in counts]
-    assert local_totals(*tensors) == [7.0, 3.5, 1.0, 1.0]  # the same from tensors
-    assert device_totals(*tensors).tolist() == [7.0, 3.5, 1.0, 1.0]
-    assert device_totals(losses, counts).dtype == torch.float64  # numbers mixed in, too
-    assert device_totals([torch.tensor(1.0)], [2]).tolist() == [2.0, 1.0, 0.0, 0.0]
+    on_device = window_totals(*tensors)  # tensors: computed where they are, no host read
+    assert on_device.dtype == torch.float64 and on_device.tolist() == [7.0, 3.5, 1.0, 1.0]
+    assert window_totals([torch.tensor(1.0)], [2]).tolist() == [2.0, 1.0, 0.0, 0.0]  # mixed
 
 
 def test_checked_totals_names_the_bad_micro_batch_or_another_rank():
-    assert checked_totals([8.0, 4.0, 0.0, 0.0], [2.0, 2.0], [4, 4], 0) == (8.0, 4.0)
+    assert check_window_totals([8.0, 4.0, 0.0, 0.0], [2.0, 2.0], [4, 4], 0) == (8.0, 4.0)
     with pytest.raises(NonFiniteLossError, match="micro-batch 1 produced a non-finite"):
-        checked_totals([4.0, 2.0, 1.0, 0.0], [2.0, math.inf], [4, 4], 0)
+        check_window_totals([4.0, 2.0, 1.0, 0.0], [2.0, math.inf], [4, 4], 0)
     with pytest.raises(NonFiniteLossError, match="on another rank"):
-        checked_totals([8.0, 4.0, 1.0, 0.0], [2.0, 2.0], [4, 4], 0)
+        check_window_totals([8.0, 4.0, 1.0, 0.0], [2.0, 2.0], [4, 4], 0)
     with pytest.raises(ValueError, match="got -1.0 at micro-batch 1"):
-        checked_totals([4.0, 4.0, 0.0, 1.0], [2.0, 2.0], [4, -1.0], 0)
+        check_window_totals([4.0, 4.0, 0.0, 1.0], [2.0, 2.0], [4, -1.0], 0)
     with pytest.raises(ValueError, match="another rank returned an invalid num_items"):
-        checked_totals([8.0, 4.0, 0.0, 1.0], [2.0, 2.0], [4, 4], 0)
+        check_window_totals([8.0, 4.0, 0.0, 1.0], [2.0, 2.0], [4, 4], 0)
     with pytest.raises(ValueError, match="window 3 covers no items"):
-        checked_totals([0.0, 0.0, 0.0, 0.0], [0.0], [0], 3)
+        check_window_totals([0.0, 0.0, 0.0, 0.0], [0.0], [0], 3)
 
 
 def test_gradient_norm_and_scale_match_torch():
@@ -49,3 +48,13 @@ def test_gradient_norm_and_scale_match_torch():
     scale_gradients_(grads, 0.5)
     assert all(torch.equal(g, b * 0.5) for g, b in zip(grads, before, strict=True))
     scale_gradients_([], 2.0)  # nothing to scale
+
+
+def test_first_non_finite_gradient_names_the_parameter_or_none():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    assert first_non_finite_gradient(model) is None  # no gradients at all
+    model(torch.ones(1, 2)).sum().backward()
+    assert first_non_finite_gradient(model) is None
+    model[1].weight.grad[0, 1] = math.inf
+    model[1].bias.grad[0] = math.nan
+    assert first_non_finite_gradient(model) == "1.weight"

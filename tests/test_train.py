@@ -17,10 +17,10 @@ import psutil
 import pytest
 import torch
 
-from gradaccum_lib.train import parse_arguments
+from gradaccum_lib.jobs.train import parse_arguments
 
 # 2 x 48 notes of 32 tokens, micro-batch 4, k = 2: 6 windows per epoch, 2 epochs, float64
-JOB = ["-m", "gradaccum_lib.train", "--train-samples", "96", "--validation-samples", "30",
+JOB = ["-m", "gradaccum_lib.jobs.train", "--train-samples", "96", "--validation-samples", "30",
        "--max-length", "32", "--micro-batch-size", "4", "--accumulation-steps", "2",
        "--epochs", "2", "--dtype", "float64", "--warmup-steps", "2", "--no-progress"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "GRADACCUM_PROFILE": "ci"}
@@ -67,7 +67,7 @@ def _finish(process: subprocess.Popen, timeout: float = 240) -> tuple[int, str, 
 
 def _workers(process: subprocess.Popen) -> list[psutil.Process]:
     return [child for child in psutil.Process(process.pid).children(recursive=True)
-            if "gradaccum_lib.train" in " ".join(child.cmdline())]
+            if "gradaccum_lib.jobs.train" in " ".join(child.cmdline())]
 
 
 def _wait_for(condition, timeout: float = 120.0) -> None:  # noqa: ANN001
@@ -204,8 +204,8 @@ def test_bad_flags_get_an_argparse_error(argv, message, capsys):
 
 
 def test_datasheet_token_lengths_match_the_shipped_tokenizer():
-    from gradaccum_lib.data import load_emr_split, load_tokenizer
-    from gradaccum_lib.emr_corpus import DATA_DIR
+    from gradaccum_lib.workloads.data import load_emr_split, load_tokenizer
+    from gradaccum_lib.workloads.emr_corpus import DATA_DIR
 
     tokenizer = load_tokenizer()
     lengths = [len(tokenizer(record["text"])["input_ids"]) for split in

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from gradaccum_lib import NonFiniteLossError, split_into_micro_batches
-from gradaccum_lib.accumulation import AccumulationTrainer
-from gradaccum_lib.batches import windows_of
-from gradaccum_lib.data import make_toy_classification, make_toy_token_batch
-from gradaccum_lib.history import TrainingHistory, WindowRecord
+from gradaccum_lib.accumulation import AccumulationTrainer, WindowRecord
+from gradaccum_lib.batches import NonFiniteGradientError, windows_of
+from gradaccum_lib.jobs.resume import Resumable
 from gradaccum_lib.losses import sample_classification_loss, token_classification_loss
-from gradaccum_lib.metrics import evaluate_mean_loss
-from gradaccum_lib.models import TokenTagger, make_mlp
+from gradaccum_lib.measure.metrics import evaluate_mean_loss
+from gradaccum_lib.workloads.data import make_toy_classification, make_toy_token_batch
+from gradaccum_lib.workloads.models import TokenTagger, make_mlp
 
 DATA = make_toy_classification(100, 8, 3, seed=4)  # 100 = 3 windows of 32 + a partial 4
 
@@ -100,28 +100,30 @@ def test_resume_from_a_window_boundary_is_exact_even_with_dropout(tmp_path):
     torch.manual_seed(0)
     first, _ = _trainer(8, 4, dropout=0.3)
     first.train_epoch(micro_batches)
-    first.train_epoch(micro_batches, max_windows=2, checkpoint_path=path, checkpoint_every=2)
+    Resumable(first).train_epoch(micro_batches, max_windows=2, checkpoint_path=path,
+                                 checkpoint_every=2)
     torch.manual_seed(123)  # whatever happens to the RNG meanwhile
     resumed, _ = _trainer(8, 4, dropout=0.3)
-    resumed.load_checkpoint(path)
+    resumable = Resumable(resumed)  # the jobs wing's checkpoints, around the engine
+    resumable.load_checkpoint(path)
     assert (resumed.epoch, resumed.windows_done, resumed.optimizer_steps) == (1, 2, 6)
-    resumed.train_epoch(micro_batches)
+    resumable.train_epoch(micro_batches)
     for a, b in zip(uninterrupted.model.parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(a, b)
-    assert resumed.history.as_dict() == uninterrupted.history.as_dict()
+    assert resumed.history == uninterrupted.history
     assert resumed.scheduler.last_epoch == uninterrupted.scheduler.last_epoch
 
 
 def test_checkpoint_without_the_trainers_scheduler_is_refused(tmp_path):
     trainer, micro_batches = _trainer(8, 4)
-    trainer.save_checkpoint(tmp_path / "c.pt")
+    Resumable(trainer).save_checkpoint(tmp_path / "c.pt")
     model = make_mlp(8, 16, 3, seed=0)
     bare = AccumulationTrainer(model, sample_classification_loss,
                                torch.optim.AdamW(model.parameters()), accumulation_steps=4,
                                progress=False)
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(ValueError, match="scheduler_kind: checkpoint 'StepLR', trainer None"):
-        bare.load_checkpoint(tmp_path / "c.pt")
+        Resumable(bare).load_checkpoint(tmp_path / "c.pt")
     # validated before anything is restored: the weights are untouched
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
@@ -159,7 +161,6 @@ def test_progress_bar_and_history_helpers(capsys):
     history = trainer.train_epoch(micro_batches)
     assert "epoch 0" in capsys.readouterr().err
     assert len(history) == 4
-    assert TrainingHistory.from_dict(history.as_dict()) == history
     assert isinstance(history.records[0], WindowRecord)
     with pytest.raises(ValueError, match="name must be one of"):
         history.column("accuracy")
@@ -189,9 +190,10 @@ def test_trainer_rejects_bad_configuration(kwargs, error, message):
 def test_train_epoch_rejects_half_a_checkpoint_setting(tmp_path):
     trainer, micro_batches = _trainer(8, 4)
     with pytest.raises(ValueError, match="give both checkpoint_path and checkpoint_every"):
-        trainer.train_epoch(micro_batches, checkpoint_path=tmp_path / "c.pt")
+        Resumable(trainer).train_epoch(micro_batches, checkpoint_path=tmp_path / "c.pt")
     with pytest.raises(ValueError, match="checkpoint_every must be a positive int; got 0"):
-        trainer.train_epoch(micro_batches, checkpoint_path=tmp_path / "c.pt", checkpoint_every=0)
+        Resumable(trainer).train_epoch(micro_batches, checkpoint_path=tmp_path / "c.pt",
+                                       checkpoint_every=0)
     with pytest.raises(ValueError, match="window is empty"):
         trainer.step_window([])
 
@@ -205,3 +207,55 @@ def test_evaluate_mean_loss_is_item_weighted_and_leaves_no_graph():
     assert all(p.grad is None for p in model.parameters())
     with pytest.raises(ValueError, match="cover no items"):
         evaluate_mean_loss(model, sample_classification_loss, [])
+
+
+def test_a_half_model_whose_accumulated_gradient_overflows_raises_and_takes_no_step():
+    # a .half() model, no GradScaler, uneven micro-batches (1 item, then 3,000): the true mean
+    # gradient is 100, but the provisional normaliser (1 item x k = 2) makes the accumulated
+    # one 150,000, past float16's 65,504: an error naming the window and the parameter
+    model = torch.nn.Linear(1, 1, bias=False).half()
+    torch.nn.init.constant_(model.weight, 0.01)
+
+    def loss_fn(model, inputs):
+        return (model(inputs) * 100).sum(), inputs.shape[0]
+
+    trainer = AccumulationTrainer(model, loss_fn, torch.optim.SGD(model.parameters(), lr=0.1),
+                                  accumulation_steps=2, progress=False)
+    inputs = torch.ones(3001, 1, dtype=torch.float16)
+    with pytest.raises(NonFiniteGradientError,
+                       match=r"window 0: .* not finite \(first at parameter 'weight'\)"):
+        trainer.step_window([inputs[:1], inputs[1:]])
+    assert model.weight.item() == pytest.approx(0.01, rel=1e-3)  # float16's 0.01, untouched
+    assert model.weight.grad is None  # cleared
+    assert trainer.optimizer_steps == 0 and len(trainer.history) == 0
+
+
+def test_state_dict_round_trips_and_refuses_another_run():
+    trainer, micro_batches = _trainer(8, 4)
+    trainer.train_epoch(micro_batches, max_windows=2)
+    state = trainer.state_dict()
+    other, _ = _trainer(8, 4)
+    other.load_state_dict(state)
+    assert other.state_dict() == state and other.history == trainer.history
+    assert (other.epoch, other.windows_done, other.optimizer_steps) == (0, 2, 2)
+    assert other.normaliser == trainer.normaliser
+    mismatched, _ = _trainer(8, 2)
+    with pytest.raises(ValueError, match="accumulation_steps: checkpoint 4, trainer 2"):
+        mismatched.load_state_dict(state)
+    with pytest.raises(ValueError, match="windows_done must be an int >= 0; got -1"):
+        other.load_state_dict({**state, "windows_done": -1})
+    with pytest.raises(ValueError, match="history"):
+        other.load_state_dict({**state, "history": [(1, 2)]})
+    assert other.state_dict() == state  # nothing was restored by the refused loads
+    with pytest.raises(TypeError, match="state must be a dict; got list"):
+        other.load_state_dict([])
+
+
+def test_train_epoch_continues_from_windows_done_and_calls_after_window():
+    trainer, micro_batches = _trainer(8, 4)
+    seen = []
+    trainer.train_epoch(micro_batches, max_windows=1, after_window=seen.append)
+    assert trainer.windows_done == 1 and len(seen) == 1 and len(seen[0]) == 4
+    trainer.train_epoch(micro_batches[4:], after_window=seen.append)  # the epoch's rest
+    assert (trainer.epoch, trainer.windows_done) == (1, 0)
+    assert trainer.history.column("window") == [0, 1, 2, 3] and len(seen) == 4

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from matplotlib.figure import Figure
 
-from gradaccum_lib.memory import memory_budget
-from gradaccum_lib.planning import StepTimeModel, plan_accumulation
-from gradaccum_lib.plots import plot_accumulation_plan, plot_curves, plot_memory_breakdown
-from gradaccum_lib.widgets import accumulation_explorer, describe_plan, figure_png
+from gradaccum_lib.measure.memory import memory_budget
+from gradaccum_lib.measure.planning import StepTimeModel, plan_accumulation
+from gradaccum_lib.notebook.plots import plot_accumulation_plan, plot_curves, plot_memory_breakdown
+from gradaccum_lib.notebook.widgets import accumulation_explorer, describe_plan, figure_png
 
 STEP_TIME = StepTimeModel(overhead_per_micro_step=0.002, seconds_per_sample=0.0001)
 
@@ -65,8 +65,8 @@ def test_figure_png_renders_in_memory(tmp_path, monkeypatch):
 def test_every_slider_spans_most_of_the_notebook_width():
     from ipywidgets import widgets as ipw
 
-    from gradaccum_lib.cluster import TransformerActivations, TransformerShape
-    from gradaccum_lib.widgets import (
+    from gradaccum_lib.measure.cluster import TransformerActivations, TransformerShape
+    from gradaccum_lib.notebook.widgets import (
         SLIDER_MAX_WIDTH,
         SLIDER_WIDTH,
         cluster_explorer,

@@ -16,15 +16,12 @@ import torch.distributed as dist
 
 from gradaccum_lib.accumulation import AccumulationTrainer
 from gradaccum_lib.batches import split_into_micro_batches
-from gradaccum_lib.data import make_toy_classification
-from gradaccum_lib.distributed import (
-    full_value,
-    init_distributed,
-    process_group_session,
-    run_worker,
-)
+from gradaccum_lib.distributed import full_value, init_distributed, process_group_session
+from gradaccum_lib.jobs.resume import Resumable
+from gradaccum_lib.jobs.worker import run_worker
 from gradaccum_lib.losses import sample_classification_loss
-from gradaccum_lib.models import make_mlp
+from gradaccum_lib.workloads.data import make_toy_classification
+from gradaccum_lib.workloads.models import make_mlp
 
 
 def _trainer() -> AccumulationTrainer:
@@ -56,11 +53,12 @@ def main() -> int:
         dist.broadcast_object_list(directory, src=0)
         path = Path(directory[0]) / "fsdp.pt"
         interrupted = _trainer()
-        interrupted.train_epoch(micro_batches, max_windows=2, checkpoint_path=path,
-                                checkpoint_every=2)
+        Resumable(interrupted).train_epoch(micro_batches, max_windows=2, checkpoint_path=path,
+                                           checkpoint_every=2)
         resumed = _trainer()
-        resumed.load_checkpoint(path)
-        resumed.train_epoch(micro_batches)
+        resumable = Resumable(resumed)
+        resumable.load_checkpoint(path)
+        resumable.train_epoch(micro_batches)
         results = {"straight": _parameters(straight), "resumed": _parameters(resumed),
                    "optimizer_steps": resumed.optimizer_steps}
         if ctx.is_main:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from .runtime import check_choice, check_number, check_positive_int
+from ..runtime import check_choice, check_number, check_positive_int
 
 __all__ = [
     "NoiseScaleTracker",

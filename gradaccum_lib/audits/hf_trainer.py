@@ -23,11 +23,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .batches import LossFn, concatenate_micro_batches
-from .equivalence import OptimizerFactory, full_batch_gradients
+from ..batches import LossFn, concatenate_micro_batches
+from ..equivalence import OptimizerFactory, full_batch_gradients
+from ..losses import bert_classification_loss
+from ..runtime import check_number, check_positive_int
 from .frameworks import hf_trainer
-from .losses import bert_classification_loss
-from .runtime import check_number, check_positive_int
 
 __all__ = ["ClippedTrainerStep", "hf_trainer_clipped_run"]
 

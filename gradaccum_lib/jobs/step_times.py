@@ -1,9 +1,9 @@
 """A torchrun program: the engine's DDP step times, one sync per window against one per
-micro-step, interleaved (what :func:`gradaccum_lib.planning.fit_ddp_step_model` fits; notebook
-05 §5).
+micro-step, interleaved (what :func:`gradaccum_lib.measure.planning.fit_ddp_step_model`
+fits; notebook 05 §5).
 
-Usage: ``torchrun --nproc_per_node=2 -m gradaccum_lib.step_times --ks 1,2,4,8 --repeats 30
---json build/step_times.json`` (or ``launch("gradaccum_lib.step_times", [...])``). Each rank
+Usage: ``torchrun --nproc_per_node=2 -m gradaccum_lib.jobs.step_times --ks 1,2,4,8 --repeats 30
+--json build/step_times.json`` (or ``launch("gradaccum_lib.jobs.step_times", [...])``). Each rank
 takes its own ``8 x max(k)`` samples of the toy classification set (seeded by its rank), in
 micro-batches of 8, and times section 3's MLP (``make_mlp(16, 256, 4)``, float64); rank 0
 writes the world size, the model's parameter bytes and every (k, sync)'s samples.
@@ -21,14 +21,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .accumulation import AccumulationTrainer
-from .batches import Batch, LossFn
-from .bench import Timing, time_interleaved
-from .data import make_toy_classification
-from .distributed import init_distributed, process_group_session, run_worker
-from .losses import sample_classification_loss
-from .models import make_mlp
-from .runtime import check_positive_int
+from ..accumulation import AccumulationTrainer
+from ..batches import Batch, LossFn
+from ..distributed import init_distributed, process_group_session
+from ..losses import sample_classification_loss
+from ..measure.bench import Timing, time_interleaved
+from ..runtime import check_positive_int
+from ..workloads.data import make_toy_classification
+from ..workloads.models import make_mlp
+from .worker import run_worker
 
 __all__ = ["main", "time_ddp_steps"]
 
@@ -57,7 +58,7 @@ def time_ddp_steps(
 ) -> dict[tuple[int, str], Timing]:
     """Return the seconds of one optimizer step for each k in ``accumulation_steps`` and each
     sync (``"window"``: once per window; ``"every"``: every micro-step), measured by
-    :func:`~gradaccum_lib.bench.time_interleaved`: every (k, sync) is an engine over its own
+    :func:`~gradaccum_lib.measure.bench.time_interleaved`: every (k, sync) is an engine over its own
     copy of ``model`` (DDP-wrapped inside a process group of several ranks) stepping the first
     k of ``micro_batches``, all of them interleaved in each of ``repeats`` rounds after
     ``warmup`` rounds. In a process group each sample is the slowest rank's (identical on every

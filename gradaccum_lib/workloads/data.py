@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from ..runtime import check_bool, check_int, check_number, check_positive_int, check_seed, is_int
 from .emr_corpus import DATA_DIR, LABELS, SPECIAL_TOKENS, SPLITS
-from .runtime import check_bool, check_int, check_number, check_positive_int, check_seed, is_int
 
 if TYPE_CHECKING:  # transformers is imported only where a tokenizer is built
     from transformers import PreTrainedTokenizerBase
@@ -154,7 +154,7 @@ def load_emr_split(split: str, directory: str | Path = DATA_DIR) -> list[dict[st
     path = _directory(directory) / f"emr_{split}.jsonl"
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path} is missing; regenerate it with `python -m gradaccum_lib.emr_corpus`"
+            f"{path} is missing; regenerate it with `python -m gradaccum_lib.workloads.emr_corpus`"
         )
     records = []
     with path.open("rb") as lines:
@@ -175,7 +175,7 @@ def load_emr_split(split: str, directory: str | Path = DATA_DIR) -> list[dict[st
             records.append(dict(_check_record(record, where)))
     if not records:
         raise ValueError(f"{path} holds no records; regenerate it with "
-                         "`python -m gradaccum_lib.emr_corpus`")
+                         "`python -m gradaccum_lib.workloads.emr_corpus`")
     return records
 
 

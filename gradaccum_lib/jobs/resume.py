@@ -1,5 +1,7 @@
-"""The engine's checkpoint half: what a checkpoint holds, how it is checked before anything is
-restored, and how a resumed epoch replays exactly the samples of the interrupted one.
+"""Checkpoints and exact resume around the engine, by composition: :class:`Resumable` takes an
+``AccumulationTrainer`` and saves, checks and restores everything a run needs (the model, the
+optimizer, the scheduler, the scaler, the generators and the trainer's own ``state_dict``),
+and replays an interrupted epoch exactly.
 
 A resumed epoch must see the same micro-batches in the same order. A ``DataLoader`` with
 ``shuffle=True`` draws its permutation from torch's global generator (or from its own
@@ -23,13 +25,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .batches import Batch, _tensors_of
+from ..accumulation import AccumulationTrainer, TrainingHistory
+from ..batches import Batch, _tensors_of, check_batch_collection
+from ..runtime import check_positive_int
 from .checkpoints import CheckpointError, read_checkpoint, write_checkpoint
-from .history import TrainingHistory
 
-__all__ = ["ResumeState", "window_fingerprint"]
+__all__ = ["Resumable", "window_fingerprint"]
 
-FORMAT = 2
+FORMAT = 3  # 3: the trainer's own state_dict (history as rows), the model's beside it
 _END = object()
 
 
@@ -44,9 +47,9 @@ def window_fingerprint(window: Sequence[Batch]) -> str:
     return digest.hexdigest()
 
 
-def _order_generators(micro_batches: object) -> list[torch.Generator | None]:
-    """The generators a loader draws its order from (None: torch's global generator)."""
-    found: list[torch.Generator | None] = [None]
+def _order_generators(micro_batches: object) -> list[torch.Generator]:
+    """The generators a loader draws its order from, torch's global one first."""
+    found = [torch.default_generator]
     for owner in (micro_batches, getattr(micro_batches, "sampler", None)):
         generator = getattr(owner, "generator", None)
         if isinstance(generator, torch.Generator) and all(generator is not g for g in found):
@@ -54,32 +57,83 @@ def _order_generators(micro_batches: object) -> list[torch.Generator | None]:
     return found
 
 
-def _get_state(generator: torch.Generator | None) -> torch.Tensor:
-    return torch.get_rng_state() if generator is None else generator.get_state()
+class _Rest:
+    """The micro-batches an epoch has left after the windows a checkpoint had trained: an
+    iterator with a length (for the progress bar), held one at a time, not as a list."""
+
+    def __init__(self, iterator: Iterator[Batch], length: int) -> None:
+        self.iterator, self.length = iterator, length
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self.iterator
+
+    def __len__(self) -> int:
+        return self.length
 
 
-def _set_state(generator: torch.Generator | None, state: torch.Tensor) -> None:
-    if generator is None:
-        torch.set_rng_state(state)
-    else:
-        generator.set_state(state)
+class Resumable:
+    """Checkpointing and exact resume for an :class:`AccumulationTrainer` (which it takes).
 
+    ``Resumable(trainer).train_epoch(loader, checkpoint_path=..., checkpoint_every=...)``
+    trains like ``trainer.train_epoch`` and writes a checkpoint every so many windows; after
+    :meth:`load_checkpoint`, :meth:`train_epoch` with the same loader skips the windows already
+    trained, checks that the last of them is the one trained before (SHA-256), and goes on.
+    """
 
-class ResumeState:
-    """Checkpointing and exact resume, the engine's second half (``AccumulationTrainer``)."""
-
-    def _init_resume_state(self) -> None:
+    def __init__(self, trainer: AccumulationTrainer) -> None:
+        if not isinstance(trainer, AccumulationTrainer):
+            raise TypeError(f"trainer must be an AccumulationTrainer; got "
+                            f"{type(trainer).__name__}")
+        self.trainer = trainer
         self._epoch_order_states: list[torch.Tensor] | None = None
         self._sampler_epoch: int | None = None
         self._last_window: Sequence[Batch] | None = None
         self._replay_fingerprint: str | None = None
+
+    def train_epoch(self, micro_batches: Iterable[Batch], *, max_windows: int | None = None,
+                    checkpoint_path: str | os.PathLike | None = None,
+                    checkpoint_every: int | None = None) -> TrainingHistory:
+        """Train on one epoch of micro-batches, resuming where a checkpoint left it; every
+        ``checkpoint_every`` windows write a checkpoint to ``checkpoint_path``; return the
+        trainer's history. Pass the same micro-batches as before an interruption (a shuffling
+        ``DataLoader`` or a ``DistributedSampler`` is replayed exactly; an order that cannot
+        be replayed is refused with an error, never trained on)."""
+        if (checkpoint_path is None) != (checkpoint_every is None):
+            raise ValueError("give both checkpoint_path and checkpoint_every, or neither")
+        if checkpoint_every is not None:
+            check_positive_int("checkpoint_every", checkpoint_every)
+        if checkpoint_path is not None and not isinstance(checkpoint_path, (str, os.PathLike)):
+            raise TypeError(f"checkpoint_path must be a path (str or os.PathLike); got "
+                            f"{type(checkpoint_path).__name__}")
+        check_batch_collection(micro_batches)
+        trainer, steps = self.trainer, self.trainer.accumulation_steps
+        iterator = self._replayed(micro_batches)
+        for index in range(trainer.windows_done):  # trained before the interruption
+            window = list(itertools.islice(iterator, steps))
+            if not window:
+                raise ValueError(f"micro_batches hold {index} windows but the checkpoint had "
+                                 f"already trained {trainer.windows_done} of this epoch; pass "
+                                 "the same micro-batches as before the interruption")
+            self._check_replay(index, window)
+        rest = (_Rest(iterator, len(micro_batches) - trainer.windows_done * steps)
+                if hasattr(micro_batches, "__len__") else iterator)
+
+        def after_window(window: Sequence[Batch]) -> None:
+            self._last_window = window
+            if checkpoint_every is not None and trainer.windows_done % checkpoint_every == 0:
+                self.save_checkpoint(checkpoint_path)
+
+        history = trainer.train_epoch(rest, max_windows=max_windows, after_window=after_window)
+        if trainer.windows_done == 0:  # the epoch is over
+            self._last_window = None
+        return history
 
     def _replayed(self, micro_batches: Iterable[Batch]) -> Iterator[Batch]:
         """Iterate ``micro_batches``, drawing a shuffled order from the epoch's recorded
         generator states when resuming mid-epoch."""
         generators = _order_generators(micro_batches)
         sampler = getattr(micro_batches, "sampler", None)
-        resuming = self.windows_done > 0
+        resuming = self.trainer.windows_done > 0
         if resuming and self._epoch_order_states is not None:
             if len(self._epoch_order_states) != len(generators):
                 raise ValueError(
@@ -88,9 +142,9 @@ class ResumeState:
                     f"from {len(generators)}; pass the same kind of loader as before")
             mid_epoch = torch.get_rng_state()  # restored from the checkpoint (dropout...)
             for generator, state in zip(generators, self._epoch_order_states, strict=True):
-                _set_state(generator, state)
+                generator.set_state(state)
         elif not resuming:
-            self._epoch_order_states = [_get_state(g) for g in generators]
+            self._epoch_order_states = [g.get_state() for g in generators]
         if hasattr(sampler, "set_epoch") and isinstance(getattr(sampler, "epoch", None), int):
             saved_epoch = self._sampler_epoch
             if resuming and saved_epoch is not None and sampler.epoch != saved_epoch:
@@ -106,7 +160,7 @@ class ResumeState:
         return iter(()) if first is _END else itertools.chain([first], iterator)
 
     def _check_replay(self, index: int, window: Sequence[Batch]) -> None:
-        if index == self.windows_done - 1 and self._replay_fingerprint is not None:
+        if index == self.trainer.windows_done - 1 and self._replay_fingerprint is not None:
             if window_fingerprint(window) != self._replay_fingerprint:
                 raise ValueError(
                     f"the micro-batches given after the resume do not replay the interrupted "
@@ -121,62 +175,61 @@ class ResumeState:
     # ------------------------------------------------------------------------ state dicts
 
     def _module(self) -> torch.nn.Module:
-        return self.model.module if self.sync_kind == "ddp" else self.model
+        trainer = self.trainer
+        return trainer.model.module if trainer.sync_kind == "ddp" else trainer.model
 
     def _model_and_optimizer_state(self) -> tuple[dict, dict]:
-        if self.sync_kind == "fsdp2":  # gather the shards into full tensors (collective)
+        trainer = self.trainer
+        if trainer.sync_kind == "fsdp2":  # gather the shards into full tensors (collective)
             from torch.distributed.checkpoint.state_dict import (
                 StateDictOptions,
                 get_model_state_dict,
                 get_optimizer_state_dict,
             )
             options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            return (get_model_state_dict(self.model, options=options),
-                    get_optimizer_state_dict(self.model, self.optimizer, options=options))
-        return self._module().state_dict(), self.optimizer.state_dict()
+            return (get_model_state_dict(trainer.model, options=options),
+                    get_optimizer_state_dict(trainer.model, trainer.optimizer, options=options))
+        return self._module().state_dict(), trainer.optimizer.state_dict()
 
     def state_dict(self) -> dict[str, Any]:
         """Return everything needed to resume at this window boundary (plain data and
-        tensors); collective across ranks (every rank must call it)."""
+        tensors): the trainer's ``state_dict`` and, beside it, the model's, the optimizer's,
+        the scheduler's, the scaler's and every rank's generators; collective across ranks."""
+        trainer = self.trainer
         own = {"cpu_rng_state": torch.get_rng_state(),
                "epoch_order_states": self._epoch_order_states,
                "sampler_epoch": self._sampler_epoch,
                "window_fingerprint": (window_fingerprint(self._last_window)
-                                      if self._last_window is not None and self.windows_done
+                                      if self._last_window is not None and trainer.windows_done
                                       else None)}
         if torch.cuda.is_available():
             own["cuda_rng_state"] = torch.cuda.get_rng_state()
         ranks = [own]
-        if self.world_size > 1:
-            ranks = [None] * self.world_size
+        if trainer.world_size > 1:
+            ranks = [None] * trainer.world_size
             dist.all_gather_object(ranks, own)
         model_state, optimizer_state = self._model_and_optimizer_state()
         return {
-            "format": FORMAT, "model": model_state, "optimizer": optimizer_state,
-            "optimizer_kind": type(self.optimizer).__name__,
-            "scheduler_kind": type(self.scheduler).__name__ if self.scheduler else None,
-            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
-            "scaler": self.scaler.state_dict() if self.scaler else None,
-            "accumulation_steps": self.accumulation_steps, "world_size": self.world_size,
-            "epoch": self.epoch, "windows_done": self.windows_done,
-            "optimizer_steps": self.optimizer_steps, "history": self.history.as_dict(),
-            "common_normaliser": self._common_normaliser, "ranks": ranks,
+            **trainer.state_dict(), "format": FORMAT, "model": model_state,
+            "optimizer": optimizer_state, "optimizer_kind": type(trainer.optimizer).__name__,
+            "scheduler_kind": type(trainer.scheduler).__name__ if trainer.scheduler else None,
+            "scheduler": trainer.scheduler.state_dict() if trainer.scheduler else None,
+            "scaler": trainer.scaler.state_dict() if trainer.scaler else None, "ranks": ranks,
         }
 
     def _check_state(self, state: Mapping[str, Any]) -> None:
-        """Raise a ValueError naming every mismatch between ``state`` and this trainer."""
+        """Raise a ValueError naming every mismatch between ``state`` and this run."""
+        trainer = self.trainer
         if state.get("format") != FORMAT:
             raise ValueError(f"checkpoint format is {state.get('format')!r}; this version of "
                              f"gradaccum reads format {FORMAT}")
-        problems = [f"{key} must be an int >= 0; got {state.get(key)!r}"
-                    for key in ("epoch", "windows_done", "optimizer_steps")
-                    if not (isinstance(state.get(key), int) and state.get(key) >= 0)]
-        for key, mine in (("accumulation_steps", self.accumulation_steps),
-                          ("world_size", self.world_size),
-                          ("optimizer_kind", type(self.optimizer).__name__),
-                          ("scheduler_kind", type(self.scheduler).__name__
-                           if self.scheduler else None),
-                          ("scaler", "a GradScaler" if self.scaler else None)):
+        problems = []
+        for key, mine in (("accumulation_steps", trainer.accumulation_steps),
+                          ("world_size", trainer.world_size),
+                          ("optimizer_kind", type(trainer.optimizer).__name__),
+                          ("scheduler_kind", type(trainer.scheduler).__name__
+                           if trainer.scheduler else None),
+                          ("scaler", "a GradScaler" if trainer.scaler else None)):
             theirs = state.get(key)
             if key == "scaler":
                 theirs = "a GradScaler" if theirs is not None else None
@@ -191,18 +244,18 @@ class ResumeState:
             problems.append(f"model: another architecture (missing {missing}, unknown "
                             f"{unknown}, different shapes {reshaped})")
         groups = state["optimizer"].get("param_groups", [])
-        if self.sync_kind != "fsdp2" and [len(g["params"]) for g in groups] != [
-                len(g["params"]) for g in self.optimizer.param_groups]:
+        if trainer.sync_kind != "fsdp2" and [len(g["params"]) for g in groups] != [
+                len(g["params"]) for g in trainer.optimizer.param_groups]:
             problems.append("optimizer: its parameter groups hold other parameters")
-        ranks = state.get("ranks", [])
-        if len(ranks) != self.world_size:
+        ranks, rank = state.get("ranks", []), trainer.rank
+        if len(ranks) != trainer.world_size:
             problems.append(f"ranks: checkpoint has {len(ranks)} rank states")
-        elif not (isinstance(ranks[self.rank], Mapping) and isinstance(
-                ranks[self.rank].get("cpu_rng_state"), torch.Tensor)
-                and ranks[self.rank]["cpu_rng_state"].dtype == torch.uint8
-                and all(key in ranks[self.rank] for key in (
+        elif not (isinstance(ranks[rank], Mapping) and isinstance(
+                ranks[rank].get("cpu_rng_state"), torch.Tensor)
+                and ranks[rank]["cpu_rng_state"].dtype == torch.uint8
+                and all(key in ranks[rank] for key in (
                     "epoch_order_states", "sampler_epoch", "window_fingerprint"))):
-            problems.append(f"ranks: rank {self.rank}'s state is incomplete or not a generator "
+            problems.append(f"ranks: rank {rank}'s state is incomplete or not a generator "
                             "state")
         if problems:
             raise ValueError("checkpoint does not fit this trainer; nothing was restored: "
@@ -218,68 +271,66 @@ class ResumeState:
         if missing:
             raise ValueError(f"checkpoint state is missing {missing}; nothing was restored")
         self._check_state(state)
-        history = TrainingHistory.from_dict(state["history"])
-        own = state["ranks"][self.rank]
-        parts = [part for part in (self.scheduler, self.scaler) if part is not None]
+        trainer = self.trainer
+        own = state["ranks"][trainer.rank]
+        parts = [part for part in (trainer.scheduler, trainer.scaler) if part is not None]
         backup = (copy.deepcopy(self._module().state_dict()),
-                  copy.deepcopy(self.optimizer.state_dict()),
-                  [copy.deepcopy(part.state_dict()) for part in parts], torch.get_rng_state())
+                  copy.deepcopy(trainer.optimizer.state_dict()),
+                  [copy.deepcopy(part.state_dict()) for part in parts], torch.get_rng_state(),
+                  trainer.state_dict())
+        trainer.load_state_dict(state)  # checks its own fields first; restores all or nothing
         try:
             self._restore_model_and_optimizer(state["model"], state["optimizer"])
-            if self.scheduler is not None:
-                self.scheduler.load_state_dict(state["scheduler"])
-            if self.scaler is not None:
-                self.scaler.load_state_dict(state["scaler"])
+            if trainer.scheduler is not None:
+                trainer.scheduler.load_state_dict(state["scheduler"])
+            if trainer.scaler is not None:
+                trainer.scaler.load_state_dict(state["scaler"])
             torch.set_rng_state(own["cpu_rng_state"])
             if "cuda_rng_state" in own and torch.cuda.is_available():
                 torch.cuda.set_rng_state(own["cuda_rng_state"])
         except Exception as error:
             self._module().load_state_dict(backup[0])  # this rank's own (sharded) state
-            self.optimizer.load_state_dict(backup[1])
+            trainer.optimizer.load_state_dict(backup[1])
             for part, part_state in zip(parts, backup[2], strict=True):
                 part.load_state_dict(part_state)
             torch.set_rng_state(backup[3])
+            trainer.load_state_dict(backup[4])
             raise ValueError(f"checkpoint could not be restored ({error}); the trainer was "
                              "rolled back to its state before the load") from error
-        self.epoch = int(state["epoch"])
-        self.windows_done = int(state["windows_done"])
-        self.optimizer_steps = int(state["optimizer_steps"])
-        self.history = history
-        # the same provisional scale as before the interruption: bit-identical rounding
-        self._common_normaliser = state.get("common_normaliser")
         self._epoch_order_states = own["epoch_order_states"]
         self._sampler_epoch = own["sampler_epoch"]
         self._replay_fingerprint = own["window_fingerprint"]
         self._last_window = None
 
     def _restore_model_and_optimizer(self, model_state: dict, optimizer_state: dict) -> None:
-        if self.sync_kind == "fsdp2":
+        trainer = self.trainer
+        if trainer.sync_kind == "fsdp2":
             from torch.distributed.checkpoint.state_dict import (
                 StateDictOptions,
                 set_model_state_dict,
                 set_optimizer_state_dict,
             )
             options = StateDictOptions(full_state_dict=True)
-            set_model_state_dict(self.model, model_state, options=options)
-            set_optimizer_state_dict(self.model, self.optimizer, optimizer_state,
+            set_model_state_dict(trainer.model, model_state, options=options)
+            set_optimizer_state_dict(trainer.model, trainer.optimizer, optimizer_state,
                                      options=options)
             return
         self._module().load_state_dict(model_state)
-        self.optimizer.load_state_dict(optimizer_state)
+        trainer.optimizer.load_state_dict(optimizer_state)
 
     def save_checkpoint(self, path: str | os.PathLike) -> None:
         """Write :meth:`state_dict` to ``path``: rank 0 writes (atomically, with a content
         hash), every rank waits until it is on disk."""
         state = self.state_dict()
-        if self.rank == 0:
+        if self.trainer.rank == 0:
             write_checkpoint(state, path)
-        if self.world_size > 1:
+        if self.trainer.world_size > 1:
             dist.barrier()
 
     def load_checkpoint(self, path: str | os.PathLike) -> None:
         """Restore from a checkpoint file (verified, ``weights_only=True``) on every rank;
-        raise :class:`~gradaccum_lib.checkpoints.CheckpointError` naming ``path`` when it is
-        unreadable or does not fit this trainer."""
+        raise :class:`~gradaccum_lib.jobs.checkpoints.CheckpointError` naming ``path`` when it
+        is unreadable or does not fit this trainer."""
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a path (str or os.PathLike); got {type(path).__name__}")
         # to the CPU: generator states must stay CPU ByteTensors; load_state_dict copies the

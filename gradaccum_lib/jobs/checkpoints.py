@@ -91,7 +91,7 @@ def read_checkpoint(path: str | os.PathLike,
     if not data.startswith(MAGIC) or data[header_end:header_end + 1] != b"\n":
         raise CheckpointError(
             f"checkpoint {source} is not a gradaccum checkpoint (no "
-            f"'{MAGIC.decode()}...' header); write it with AccumulationTrainer.save_checkpoint"
+            f"'{MAGIC.decode()}...' header); write it with jobs.resume.Resumable.save_checkpoint"
         )
     expected = data[len(MAGIC):header_end].decode("ascii", errors="replace")
     payload = data[header_end + 1:]

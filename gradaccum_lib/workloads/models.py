@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor, nn
 
-from .runtime import (
+from ..runtime import (
     check_bool,
     check_choice,
     check_int,

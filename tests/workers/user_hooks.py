@@ -1,12 +1,14 @@
-"""Test worker: the engine's window totals ride in DDP's gradient all-reduce (2 gloo ranks).
+"""Test worker: the engine leaves a user's DDP comm hook in place, and stays exact beside it
+(2 gloo ranks).
 
-For each way of registering the hook (none: the engine's own; a ``CommCounter``; a hook of the
-user's, which the engine cannot ride: one all-reduce of its own a window; the engine's own with
-``gradient_as_bucket_view=True``), trains 3 windows of a float32 MLP whose ranks hold different
-numbers of samples (uneven counts: the division must use the global count) and counts the
-all-reduces (``ProcessGroup.allreduce`` calls, whoever makes them) per window. Then a NaN loss
-on rank 1 (both ranks must raise, no step taken) and a bfloat16 model (buckets that cannot
-carry float64 totals: the engine falls back to an all-reduce of its own). Rank 0 writes JSON.
+For each hook the user registers before training (none; torch's ``allreduce_hook`` wrapped
+with a counter; ``fp16_compress_hook``; PowerSGD; none with ``gradient_as_bucket_view``),
+trains 3 windows of a float64 MLP whose ranks hold different numbers of samples (12 and 20: the
+division must use the global count), and records per window how many backward passes the
+hook synchronised and how many all-reduces ran (``ProcessGroup.allreduce``, whoever calls it).
+After training, registering another hook must still work on the model without one (the engine
+took no slot) and fail on the others (the user's hook is still there). Then a NaN loss on rank
+1: both ranks raise, no step. Rank 0 writes JSON.
 """
 
 from __future__ import annotations
@@ -17,19 +19,20 @@ import json
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from gradaccum_lib.accumulation import AccumulationTrainer
 from gradaccum_lib.batches import NonFiniteLossError, split_into_micro_batches
-from gradaccum_lib.comm_hooks import CommCounter, reduce_bucket
-from gradaccum_lib.data import make_toy_classification
-from gradaccum_lib.distributed import init_distributed, process_group_session, run_worker
+from gradaccum_lib.distributed import init_distributed, process_group_session
 from gradaccum_lib.equivalence import full_batch_gradients
+from gradaccum_lib.jobs.worker import run_worker
 from gradaccum_lib.losses import sample_classification_loss
-from gradaccum_lib.models import make_mlp
+from gradaccum_lib.workloads.data import make_toy_classification
+from gradaccum_lib.workloads.models import make_mlp
 
-CALLS = {"all_reduce": 0}
-_all_reduce = ProcessGroup.allreduce  # what dist.all_reduce and the engine's hook both call
+CALLS = {"all_reduce": 0, "hook_syncs": 0}
+_all_reduce = ProcessGroup.allreduce  # what dist.all_reduce and DDP's hooks call
 
 
 def _counting_all_reduce(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
@@ -37,30 +40,46 @@ def _counting_all_reduce(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
     return _all_reduce(*args, **kwargs)
 
 
-def _users_hook(state, bucket):  # noqa: ANN001, ANN202 - DDP refuses string annotations
-    return reduce_bucket(bucket)  # DDP's averaging, but not the engine's: nothing carried
+def _counting_hook(state, bucket):  # noqa: ANN001, ANN202 - DDP refuses string annotations
+    CALLS["hook_syncs"] += bucket.is_last()  # one per synchronising backward pass
+    return default_hooks.allreduce_hook(state, bucket)
 
 
-def _train(how: str, windows: list, dtype: torch.dtype = torch.float32) -> dict:
-    model = DistributedDataParallel(make_mlp(6, 1024, 3, seed=0, dtype=dtype),
+def _noop_hook(state, bucket):  # noqa: ANN001, ANN202
+    return default_hooks.allreduce_hook(state, bucket)
+
+
+def _parameters(model: torch.nn.Module) -> list[float]:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
+
+
+def _train(how: str, windows: list) -> dict:
+    model = DistributedDataParallel(make_mlp(6, 64, 3, seed=0, dtype=torch.float64),
                                     gradient_as_bucket_view=how == "bucket view")
     if how == "counter":
-        CommCounter().register(model)
-    elif how == "user hook":
-        model.register_comm_hook(None, _users_hook)
+        model.register_comm_hook(None, _counting_hook)
+    elif how == "fp16 compress":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif how == "PowerSGD":  # vanilla all-reduce for its first iterations, then compressed
+        model.register_comm_hook(powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=1),
+                                 powerSGD_hook.powerSGD_hook)
     trainer = AccumulationTrainer(model, sample_classification_loss,
                                   torch.optim.SGD(model.parameters(), lr=0.5),
                                   accumulation_steps=len(windows[0]), progress=False)
-    calls = []
+    all_reduces, syncs = [], []
     for window in windows:
-        before = CALLS["all_reduce"]
+        before, synced = CALLS["all_reduce"], CALLS["hook_syncs"]
         trainer.step_window(window)
-        calls.append(CALLS["all_reduce"] - before)
-    return {"parameters": torch.cat([p.detach().reshape(-1).double()
-                                     for p in model.parameters()]).tolist(),
-            "calls_per_window": calls, "carried": trainer._carrier is not None,
-            "items": [record.items for record in trainer.history.records],
-            "losses": [record.loss for record in trainer.history.records]}
+        all_reduces.append(CALLS["all_reduce"] - before)
+        syncs.append(CALLS["hook_syncs"] - synced)
+    try:  # DDP takes one hook: a free slot means the engine registered none
+        model.register_comm_hook(None, _noop_hook)
+        slot = "free"
+    except RuntimeError as error:
+        slot = f"taken: {error}"
+    return {"parameters": _parameters(model), "all_reduces_per_window": all_reduces,
+            "hook_syncs_per_window": syncs, "slot_after": slot,
+            "items": [record.items for record in trainer.history.records]}
 
 
 def main() -> int:
@@ -72,16 +91,16 @@ def main() -> int:
     ProcessGroup.allreduce = _counting_all_reduce  # every all-reduce, whoever starts it
     with process_group_session():
         sizes = (12, 20)  # rank 0: 12 samples a window, rank 1: 20 (uneven counts)
-        data = [make_toy_classification(3 * size, 6, 3, seed=rank, dtype=torch.float32)
+        data = [make_toy_classification(3 * size, 6, 3, seed=rank, dtype=torch.float64)
                 for rank, size in enumerate(sizes)]
         size, (x, y) = sizes[ctx.rank], data[ctx.rank]
         windows = [split_into_micro_batches((x[w * size:(w + 1) * size],
                                              y[w * size:(w + 1) * size]), accumulation_steps=2)
                    for w in range(3)]
-        results = {how: _train(how, windows) for how in ("engine hook", "counter", "user hook",
-                                                         "bucket view")}
+        results = {how: _train(how, windows) for how in (
+            "no hook", "counter", "fp16 compress", "PowerSGD", "bucket view")}
         # the ground truth: plain SGD on the full-batch mean gradient over both ranks' samples
-        reference = make_mlp(6, 1024, 3, seed=0, dtype=torch.float32)
+        reference = make_mlp(6, 64, 3, seed=0, dtype=torch.float64)
         for w in range(3):
             pieces = [(x[w * s:(w + 1) * s], y[w * s:(w + 1) * s])
                       for (x, y), s in zip(data, sizes, strict=True)]
@@ -91,10 +110,9 @@ def main() -> int:
             with torch.no_grad():
                 for name, parameter in reference.named_parameters():
                     parameter -= 0.5 * gradients[name]
-        results["reference"] = torch.cat([p.detach().reshape(-1).double()
-                                          for p in reference.parameters()]).tolist()
+        results["reference"] = _parameters(reference)
         # a NaN on rank 1 only: both ranks raise after the window, no step taken
-        model = DistributedDataParallel(make_mlp(6, 16, 3, seed=0, dtype=torch.float32))
+        model = DistributedDataParallel(make_mlp(6, 16, 3, seed=0, dtype=torch.float64))
         trainer = AccumulationTrainer(model, sample_classification_loss,
                                       torch.optim.SGD(model.parameters(), lr=0.5),
                                       accumulation_steps=2, progress=False)
@@ -114,9 +132,6 @@ def main() -> int:
         dist.all_gather_object(raised_everywhere, raised)
         results["nan"] = {"raised": raised_everywhere, "stepped": stepped,
                           "optimizer_steps": trainer.optimizer_steps}
-        # bfloat16 buckets cannot carry float64 totals: one all-reduce of the engine's own
-        results["bfloat16"] = _train("engine hook", [[(x.bfloat16(), y) for x, y in windows[0]]],
-                                     dtype=torch.bfloat16)
         if ctx.is_main:
             with open(arguments.json, "w") as handle:
                 json.dump(results, handle)

@@ -1,6 +1,7 @@
 """What accumulation costs under FSDP2: gradient bytes each rank holds, measured.
 
-    python -m torch.distributed.run --standalone --nproc_per_node=2 -m gradaccum_lib.fsdp_probe \\
+    python -m torch.distributed.run --standalone --nproc_per_node=2 \\
+        -m gradaccum_lib.jobs.fsdp_probe \\
         --json out.json
 
 With ``set_requires_gradient_sync(False)`` (FSDP2's ``no_sync``) the backward pass skips the
@@ -21,10 +22,11 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .accumulation import AccumulationTrainer
-from .distributed import init_distributed, process_group_session, run_worker
-from .losses import sample_classification_loss
-from .models import make_mlp
+from ..accumulation import AccumulationTrainer
+from ..distributed import init_distributed, process_group_session
+from ..losses import sample_classification_loss
+from ..workloads.models import make_mlp
+from .worker import run_worker
 
 
 def held_gradient_bytes(model: nn.Module) -> dict[str, int]:
@@ -63,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Measure both ways and write JSON on rank 0."""
     from torch.distributed.fsdp import fully_shard
 
-    parser = argparse.ArgumentParser(prog="python -m gradaccum_lib.fsdp_probe")
+    parser = argparse.ArgumentParser(prog="python -m gradaccum_lib.jobs.fsdp_probe")
     parser.add_argument("--json", required=True)
     parser.add_argument("--input-dim", type=int, default=64)
     parser.add_argument("--hidden-dim", type=int, default=256)

@@ -1,6 +1,6 @@
 """The program torchrun runs: the engine under DDP or FSDP2, checked against one process.
 
-    python -m torch.distributed.run --standalone --nproc_per_node=2 -m gradaccum_lib.ddp \\
+    python -m torch.distributed.run --standalone --nproc_per_node=2 -m gradaccum_lib.jobs.ddp \\
         --accumulation-steps 4 --micro-batch-size 8 --steps 6 --sync window --json out.json
 
 Every rank trains its ``DistributedSampler`` shard with :class:`AccumulationTrainer` (the one
@@ -39,28 +39,24 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from .accumulation import AccumulationTrainer
-from .batches import windows_of
-from .comm_hooks import CommCounter
-from .data import make_toy_classification, make_toy_token_batch
-from .distributed import (
-    DistributedContext,
-    full_value,
-    init_distributed,
-    process_group_session,
-    run_worker,
-)
-from .equivalence import full_batch_gradients
-from .losses import sample_classification_loss, token_classification_loss
-from .models import TokenTagger, make_mlp
+from ..accumulation import AccumulationTrainer, WindowRecord
+from ..batches import windows_of
+from ..distributed import DistributedContext, full_value, init_distributed, process_group_session
+from ..equivalence import full_batch_gradients
+from ..losses import sample_classification_loss, token_classification_loss
+from ..measure.comm import CommCounter
+from ..workloads.data import make_toy_classification, make_toy_token_batch
+from ..workloads.models import TokenTagger, make_mlp
+from .worker import run_worker
 
 TRAPS = ("none", "sync-after-forward", "static-graph", "no-set-epoch")
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
+HISTORY_COLUMNS = tuple(WindowRecord.__dataclass_fields__)  # written as columns to the JSON
 
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Return the command line parsed and checked."""
-    parser = argparse.ArgumentParser(prog="python -m gradaccum_lib.ddp",
+    parser = argparse.ArgumentParser(prog="python -m gradaccum_lib.jobs.ddp",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--accumulation-steps", type=int, required=True)
     parser.add_argument("--sweep", default=None,
@@ -90,8 +86,6 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="add the final parameters (a flat list) to the JSON")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="process-group timeout in seconds")
-    parser.add_argument("--fail-on-rank", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--hang-on-rank", type=int, default=None, help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
     for name in ("accumulation_steps", "micro_batch_size", "steps", "input_dim", "hidden_dim",
                  "num_classes"):
@@ -163,19 +157,27 @@ def _task(arguments: argparse.Namespace, samples: int, dtype: torch.dtype):  # n
 
 class LateSyncFlagTrainer(AccumulationTrainer):
     """TRAP (``--trap sync-after-forward``): the engine, except that the DDP sync flag is
-    set AFTER each forward pass, as a copied loop might do. DDP has already decided at forward
-    time, so the window's last backward does not synchronise (and the next window's first
-    one does)."""
+    set AFTER each forward pass, as a copied loop might do (by the loss function below; the
+    engine's own flag, set before the forward, is switched off). DDP has already decided at
+    forward time, so the window's last backward does not synchronise (and the next window's
+    first one does)."""
 
-    def _gradient_sync(self, sync: bool) -> contextlib.AbstractContextManager:
-        self.sync_flag_for_this_micro_step = sync
-        return contextlib.nullcontext()
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self._skip_sync = contextlib.nullcontext()  # no flag before the forward pass
+        self.window_length = self.micro_step = 0
+
+    def step_window(self, window: Sequence) -> object:
+        self.window_length, self.micro_step = len(window), 0
+        return super().step_window(window)
 
 
 def _late_flag_loss(trainer_box: list, loss_fn):  # noqa: ANN001, ANN202
     def loss(model: nn.Module, batch: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
         output = loss_fn(model, batch)  # the forward pass has run ...
-        model.require_backward_grad_sync = trainer_box[0].sync_flag_for_this_micro_step
+        trainer = trainer_box[0]
+        model.require_backward_grad_sync = trainer.micro_step == trainer.window_length - 1
+        trainer.micro_step += 1
         return output  # ... so setting the flag now is too late
     return loss
 
@@ -236,10 +238,6 @@ def run(arguments: argparse.Namespace) -> dict:
         for window_index, window in enumerate(windows_of(loader, k)):
             if step == arguments.steps or window_index == arguments.steps_per_epoch:
                 break
-            if arguments.fail_on_rank == ctx.rank:
-                raise RuntimeError(f"deliberate failure on rank {ctx.rank} at step {step}")
-            if arguments.hang_on_rank == ctx.rank:
-                time.sleep(3600)
             window = [[t.to(ctx.device) for t in micro_batch] for micro_batch in window]
             start = time.perf_counter()
             trainer.step_window(window)
@@ -273,7 +271,7 @@ def run(arguments: argparse.Namespace) -> dict:
         "steps": step,
         "parameter_bytes": sum(p.numel() * p.element_size() for p in reference.parameters()),
         "per_step": per_step,
-        "history": trainer.history.as_dict(),
+        "history": {name: trainer.history.column(name) for name in HISTORY_COLUMNS},
         "bytes_per_step": statistics.median(s["bytes"] for s in per_step),
         "syncs_per_step": statistics.median(s["syncs"] for s in per_step),
         "seconds_per_step": statistics.median(s["seconds"] for s in per_step),

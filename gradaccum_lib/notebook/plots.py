@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 
 from matplotlib.figure import Figure
 
-from .memory import MemoryBreakdown
-from .planning import AccumulationPlan, ClusterPlan, DdpStepModel
+from ..measure.memory import MemoryBreakdown
+from ..measure.planning import AccumulationPlan, ClusterPlan, DdpStepModel
 
 __all__ = [
     "plot_accumulation_plan",

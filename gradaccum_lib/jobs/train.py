@@ -1,8 +1,8 @@
 """The EMR case study as a job: fine-tune a BERT classifier with accumulation, anywhere.
 
-    python -m gradaccum_lib.train --accumulation-steps 4 --micro-batch-size 8 \\
+    python -m gradaccum_lib.jobs.train --accumulation-steps 4 --micro-batch-size 8 \\
         --checkpoint-dir build/run --resume --json build/run/log.json
-    torchrun --standalone --nproc_per_node=2 --max-restarts=1 -m gradaccum_lib.train ...
+    torchrun --standalone --nproc_per_node=2 --max-restarts=1 -m gradaccum_lib.jobs.train ...
 
 The same command runs as one process or under ``torchrun`` (gloo on CPU, nccl on CUDA), on
 one node or several. Every rank trains its ``DistributedSampler`` shard of the shipped EMR
@@ -30,20 +30,17 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from .accumulation import AccumulationTrainer
-from .batches import split_into_micro_batches
-from .comm_hooks import CommCounter
-from .data import LABELS, encode_records, load_emr_split, load_tokenizer
-from .distributed import (
-    DistributedContext,
-    init_distributed,
-    process_group_session,
-    run_worker,
-)
-from .losses import bert_classification_loss
-from .metrics import classification_scores, predict_classes
-from .models import make_tiny_bert
-from .runtime import get_profile, set_seed
+from ..accumulation import AccumulationTrainer
+from ..batches import split_into_micro_batches
+from ..distributed import DistributedContext, init_distributed, process_group_session
+from ..losses import bert_classification_loss
+from ..measure.comm import CommCounter
+from ..measure.metrics import classification_scores, predict_classes
+from ..runtime import get_profile, set_seed
+from ..workloads.data import LABELS, encode_records, load_emr_split, load_tokenizer
+from ..workloads.models import make_tiny_bert
+from .resume import Resumable
+from .worker import run_worker
 
 MODEL_SIZES = ("tiny", "base")
 AMP = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -75,7 +72,7 @@ def _positive_float(text: str) -> float:
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Return the command line parsed and checked (argparse errors for bad flags)."""
     profile = get_profile()
-    parser = argparse.ArgumentParser(prog="python -m gradaccum_lib.train",
+    parser = argparse.ArgumentParser(prog="python -m gradaccum_lib.jobs.train",
                                      description=__doc__.split("\n\n")[0])
     add = parser.add_argument
     add("--accumulation-steps", type=_positive_int, default=4)
@@ -216,6 +213,7 @@ def run(arguments: argparse.Namespace) -> dict:
                                      arguments.epochs * windows_per_epoch),
         max_grad_norm=arguments.max_grad_norm, amp_dtype=AMP[arguments.amp],
         progress=not arguments.no_progress and ctx.is_main)
+    resumable = Resumable(trainer)  # checkpoints and exact resume, around the engine
     effective = arguments.micro_batch_size * arguments.accumulation_steps * ctx.world_size
     directory = arguments.checkpoint_dir
     checkpoint = directory / CHECKPOINT if directory else None
@@ -225,7 +223,7 @@ def run(arguments: argparse.Namespace) -> dict:
     if directory is not None and ctx.is_main:
         directory.mkdir(parents=True, exist_ok=True)
     if arguments.resume and checkpoint.is_file():
-        trainer.load_checkpoint(checkpoint)
+        resumable.load_checkpoint(checkpoint)
         if (directory / EPOCHS_LOG).is_file():
             epochs_log = json.loads((directory / EPOCHS_LOG).read_text())[:trainer.epoch]
         resumed_from = {"epoch": trainer.epoch, "window": trainer.windows_done,
@@ -244,14 +242,14 @@ def run(arguments: argparse.Namespace) -> dict:
         if delay:  # fault tests: slow windows leave time to kill a worker mid-epoch
             trainer.observers = [_Delay(delay)]
         every = arguments.checkpoint_every
-        trainer.train_epoch(loader, checkpoint_path=checkpoint if every else None,
-                            checkpoint_every=every)
+        resumable.train_epoch(loader, checkpoint_path=checkpoint if every else None,
+                              checkpoint_every=every)
         # the unwrapped module: DDP's forward would broadcast buffers, a collective that a
         # rank without validation notes would never join
         epochs_log.append({"epoch": epoch, **evaluate(base, validation, ctx,
                                                       arguments.micro_batch_size)})
         if checkpoint is not None:  # the epoch boundary is a resume point too
-            trainer.save_checkpoint(checkpoint)
+            resumable.save_checkpoint(checkpoint)
             if ctx.is_main:
                 _atomic_json(directory / EPOCHS_LOG, epochs_log)
     log = {

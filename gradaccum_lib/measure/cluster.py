@@ -6,7 +6,7 @@ scaled to data-parallel devices.
 - :func:`measure_bert_shape`: a BERT family's parameter counts and activation model;
 - :func:`plan_cluster`: per-device memory and the effective batch of micro x k x devices.
 
-(Re-exported by :mod:`gradaccum_lib.planning`, the time x memory models of one device.)
+(Re-exported by :mod:`gradaccum_lib.measure.planning`, the time x memory models of one device.)
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from fractions import Fraction
 import torch
 from torch import nn
 
+from ..runtime import check_int, check_number, check_positive_int, is_int
 from .memory import MemoryBreakdown, Optimizer, Precision, activation_bytes, memory_budget
-from .runtime import check_int, check_number, check_positive_int, is_int
 
 __all__ = [
     "ClusterPlan",
@@ -216,8 +216,8 @@ def measure_bert_shape(
     """
     from transformers import BertConfig, BertForSequenceClassification
 
-    from .losses import bert_classification_loss
-    from .models import count_bert_parameters
+    from ..losses import bert_classification_loss
+    from ..workloads.models import count_bert_parameters
 
     if not isinstance(config, dict) or not is_int(config.get("vocab_size")):
         raise TypeError("config must be a dict of BertConfig fields with an int 'vocab_size' "

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .equivalence import OptimizerFactory
+from ..equivalence import OptimizerFactory
+from ..runtime import check_positive_int
 from .frameworks import WindowDataset, model_mean_loss
-from .runtime import check_positive_int
 
 __all__ = ["LightningCounts", "lightning_fit", "lightning_step", "lightning_step_counts"]
 

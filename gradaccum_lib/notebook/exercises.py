@@ -28,16 +28,16 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from .accumulation import AccumulationTrainer
-from .batches import split_into_micro_batches, windows_of
-from .comm_hooks import CommCounter
-from .equivalence import accumulated_gradients, audit_update, full_batch_gradients
-from .frameworks import hf_trainer_step
-from .gradients import max_gradient_difference
-from .losses import bert_classification_loss, sample_classification_loss
-from .models import TokenTagger, count_bert_parameters, make_mlp, make_tiny_bert
-from .noise import scaled_learning_rate
-from .planning import accumulation_steps_for, max_micro_batch_size
+from ..accumulation import AccumulationTrainer
+from ..audits.frameworks import hf_trainer_step
+from ..batches import split_into_micro_batches, windows_of
+from ..equivalence import accumulated_gradients, audit_update, full_batch_gradients
+from ..gradients import max_gradient_difference
+from ..losses import bert_classification_loss, sample_classification_loss
+from ..measure.comm import CommCounter
+from ..measure.noise import scaled_learning_rate
+from ..measure.planning import accumulation_steps_for, max_micro_batch_size
+from ..workloads.models import TokenTagger, count_bert_parameters, make_mlp, make_tiny_bert
 
 __all__ = ["BERT_BASE_CHINESE", "EXERCISES", "WrongAnswer", "check_exercise"]
 

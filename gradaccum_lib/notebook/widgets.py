@@ -12,8 +12,8 @@ import io
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
-from .memory import Optimizer, Precision
-from .planning import (
+from ..measure.memory import Optimizer, Precision
+from ..measure.planning import (
     AccumulationPlan,
     ClusterPlan,
     DdpStepModel,
@@ -22,8 +22,8 @@ from .planning import (
     plan_accumulation,
     plan_cluster,
 )
+from ..runtime import check_int, check_number, check_positive_int
 from .plots import MIB, plot_accumulation_plan, plot_cluster_plan, plot_ddp_step
-from .runtime import check_int, check_number, check_positive_int
 
 __all__ = [
     "accumulation_explorer",
@@ -62,7 +62,7 @@ def _check_slider(label: str, value: object, high: object, high_label: str) -> N
 
 def figure_png(figure: Figure) -> bytes:
     """Return ``figure`` rendered as PNG bytes (in memory; no file is written)."""
-    _check_kind("figure", figure, Figure, "e.g. from gradaccum_lib.plots")
+    _check_kind("figure", figure, Figure, "e.g. from gradaccum_lib.notebook.plots")
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=90)
     return buffer.getvalue()
@@ -249,7 +249,7 @@ def ddp_time_explorer(
 def describe_learning_rates(base_lr: float, base_batch: int, batch: int,
                             measured: dict[tuple[int, str], float]) -> str:
     """Return the learning rate each rule gives at ``batch`` and, where measured, the result."""
-    from .noise import scaled_learning_rate
+    from ..measure.noise import scaled_learning_rate
 
     _check_kind("measured", measured, dict, "(batch, rule) -> measured result")
     parts = []

@@ -20,10 +20,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .accumulation import AccumulationTrainer
-from .batches import concatenate_micro_batches
-from .equivalence import Gradients, OptimizerFactory, collected_gradients, model_restored
-from .losses import bert_classification_loss
+from ..accumulation import AccumulationTrainer
+from ..batches import concatenate_micro_batches
+from ..equivalence import Gradients, OptimizerFactory, collected_gradients, model_restored
+from ..losses import bert_classification_loss
 
 __all__ = [
     "WindowDataset",

@@ -8,7 +8,7 @@
   choosing the micro-batch and k on one device;
 - :func:`measure_bert_shape` / :func:`fit_transformer_activations` / :func:`plan_cluster`: a
   BERT family's parameters and MEASURED activations, scaled to a cluster of devices (they live
-  in :mod:`gradaccum_lib.cluster` and are re-exported here).
+  in :mod:`gradaccum_lib.measure.cluster` and are re-exported here).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from ..runtime import check_number, check_positive_int
 from .cluster import (
     ClusterPlan,
     TransformerActivations,
@@ -28,7 +29,6 @@ from .cluster import (
     plan_cluster,
 )
 from .memory import MemoryBreakdown, Optimizer, Precision, memory_budget
-from .runtime import check_number, check_positive_int
 
 __all__ = [
     "accumulation_steps_for",
@@ -197,7 +197,7 @@ def fit_ddp_step_model(
     every_seconds: Sequence[float],
 ) -> DdpStepModel:
     """Return the :class:`DdpStepModel` (every term >= 0) closest to measured step times
-    (e.g. medians from :func:`~gradaccum_lib.step_times.time_ddp_steps`) with one sync per
+    (e.g. medians from :func:`~gradaccum_lib.jobs.step_times.time_ddp_steps`) with one sync per
     window (``k c + m + o``) and one per micro-step (``k c + k m + o``), in relative terms:
     least squares of
     ``(model - measured) / measured``, so that short and long steps weigh alike.

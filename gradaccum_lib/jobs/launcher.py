@@ -30,8 +30,8 @@ from pathlib import Path
 
 import psutil
 
-from .distributed import AGENT_PID_VARIABLE, RUN_ID_VARIABLE, STORE_FILE_VARIABLE
-from .runtime import check_positive_int
+from ..distributed import AGENT_PID_VARIABLE, RUN_ID_VARIABLE, STORE_FILE_VARIABLE
+from ..runtime import check_positive_int
 
 __all__ = ["LaunchError", "LaunchTimeout", "launch", "torchrun_command"]
 
@@ -68,7 +68,7 @@ ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\
 class LaunchTimeout(LaunchError):
     """torchrun did not finish within its timeout; every process of the run was killed.
     ``unfinished_ranks`` are the ranks still running at the timeout; each one started through
-    :func:`~gradaccum_lib.distributed.run_worker` printed its Python stacks at the end of its
+    :func:`~gradaccum_lib.jobs.worker.run_worker` printed its Python stacks at the end of its
     stderr (``rank_stderr``).
     """
 

@@ -30,9 +30,9 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .batches import Batch, LossFn, check_loss_output
-from .gradients import model_restored
-from .runtime import check_choice, check_number, check_positive_int, is_int
+from ..batches import Batch, LossFn, check_loss_output
+from ..gradients import model_restored
+from ..runtime import check_choice, check_number, check_positive_int, is_int
 
 __all__ = [
     "activation_bytes",
