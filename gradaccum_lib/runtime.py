@@ -258,6 +258,15 @@ def check_trainer_arguments(model: object, loss_fn: object, optimizer: object,  
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError(f"model ({type(model).__name__}) has no trainable parameters; "
                          "there is nothing to accumulate")
+    dtypes: dict[torch.dtype, str] = {}
+    for name, parameter in model.named_parameters():
+        dtypes.setdefault(parameter.dtype, name)
+    if len(dtypes) > 1:
+        (first, first_name), (second, second_name) = list(dtypes.items())[:2]
+        raise ValueError(
+            f"model's parameters have mixed dtypes ({first_name!r} is {first}, {second_name!r} "
+            f"is {second}); cast the model to one dtype (e.g. model.float()) and use amp_dtype "
+            "for lower-precision compute")
     if not callable(loss_fn):
         raise TypeError("loss_fn must be callable as loss_fn(model, micro_batch) -> "
                         f"(summed_loss, num_items); got {type(loss_fn).__name__}")

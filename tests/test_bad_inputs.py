@@ -96,6 +96,14 @@ def _record(**changes) -> str:
     return json.dumps({k: v for k, v in record.items() if v is not ...}, ensure_ascii=False)
 
 
+def _folder_with(tmp: Path, name: str, text: str) -> Path:
+    """A folder holding one file of the user's."""
+    folder = tmp / "folder"
+    folder.mkdir()
+    (folder / name).write_text(text)
+    return folder
+
+
 def _vocab(tmp: Path, tokens: list[str]) -> Path:
     path = tmp / "vocab.txt"
     path.write_text("\n".join(tokens) + "\n", encoding="utf-8")
@@ -683,6 +691,9 @@ CASES = [
     row("corpus-command-foreign-files", lambda tmp: emr_corpus.main(
         _corpus_dir_with_other_files(tmp)), SystemExit,
         r"holds files that are not the corpus \(notes\.txt\).* pass --force"),
+    row("corpus-command-users-readme", lambda tmp: emr_corpus.main(
+        [str(_folder_with(tmp, "README.md", "# My project\n"))]), SystemExit,
+        r"holds files that are not the corpus \(README\.md\).* pass --force"),
     row("corpus-command-file", lambda tmp: emr_corpus.main([str(_vocab(tmp, GOOD_VOCAB))]),
         SystemExit, r"vocab\.txt exists and is not a directory"),
     row("ddp-k-0", lambda tmp: parse_arguments(
@@ -725,6 +736,10 @@ CASES = [
         r"progress must be True or False; got 1"),
     row("trainer-track-grad-norm-none", lambda tmp: _trainer(track_grad_norm=None), T,
         r"track_grad_norm must be True or False; got None"),
+    row("trainer-mixed-dtypes", lambda tmp: AccumulationTrainer(
+        nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2).double()), LOSS, torch.optim.SGD(
+            nn.Linear(1, 1).parameters(), lr=0.1), accumulation_steps=2), V,
+        r"mixed dtypes \('0\.weight' is torch\.float32, '1\.weight' is torch\.float64\)"),
     row("trainer-sync-str", lambda tmp: _trainer(sync_every_micro_step="yes"), T,
         r"sync_every_micro_step must be True or False; got 'yes'"),
     row("trainer-observer-object", lambda tmp: _trainer(observers=[object()]), T,

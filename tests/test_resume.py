@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from gradaccum_lib.accumulation import AccumulationTrainer
-from gradaccum_lib.jobs.checkpoints import CheckpointError, read_checkpoint, write_checkpoint
+from gradaccum_lib.jobs.checkpoints import (
+    CheckpointError,
+    optimizer_state_problems,
+    read_checkpoint,
+    remove_stale_temporaries,
+    write_checkpoint,
+)
 from gradaccum_lib.jobs.resume import Resumable
 from gradaccum_lib.losses import sample_classification_loss
 from gradaccum_lib.workloads.data import make_toy_classification
@@ -189,3 +197,44 @@ def test_writes_are_atomic_and_clean_stale_temporaries(tmp_path):
         write_checkpoint({}, tmp_path)
     with pytest.raises(CheckpointError, match="does not exist"):
         write_checkpoint({}, tmp_path / "missing" / "c.pt")
+
+
+def test_resume_removes_temporaries_whose_writer_is_gone(checkpoint):
+    dead, alive = 2**22 + 12345, os.getpid()  # above Linux's default pid_max: no such process
+    stale = checkpoint.parent / f".{checkpoint.name}.tmp-{dead}"
+    live = checkpoint.parent / f".{checkpoint.name}.tmp-{alive}"
+    for temporary in (stale, live):
+        temporary.write_bytes(b"x" * 1000)
+    assert remove_stale_temporaries(checkpoint) == [stale]
+    stale.write_bytes(b"x")
+    Resumable(_trainer()).load_checkpoint(checkpoint)  # a resume clears them too
+    assert not stale.exists() and live.exists()  # a live writer's file is kept
+
+
+def test_optimizer_state_of_other_shapes_is_refused_before_anything_is_restored(checkpoint,
+                                                                                  tmp_path):
+    state = read_checkpoint(checkpoint)
+    state["optimizer"]["state"][0]["exp_avg"] = torch.zeros(99)
+    damaged = write_checkpoint(state, tmp_path / "damaged.pt")
+    trainer = _trainer()
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    with pytest.raises(CheckpointError, match=r"damaged\.pt: .*optimizer: exp_avg of parameter "
+                                              r"0 has shape \(99,\), the parameter \(16, 8\)"):
+        Resumable(trainer).load_checkpoint(damaged)
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(),
+                                                 strict=True))
+    assert optimizer_state_problems(read_checkpoint(checkpoint)["optimizer"],
+                                    trainer.optimizer) == []
+
+
+def test_a_payload_that_is_not_a_torch_save_names_the_path_and_what_was_expected(tmp_path):
+    import hashlib
+
+    from gradaccum_lib.jobs.checkpoints import MAGIC
+
+    payload = b"not a pickle at all"
+    path = tmp_path / "foreign.pt"
+    path.write_bytes(MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+    with pytest.raises(CheckpointError, match=r"foreign\.pt cannot be unpickled \(expected a "
+                                              r"dict of tensors and plain data"):
+        read_checkpoint(path)

@@ -17,7 +17,8 @@ import psutil
 import pytest
 import torch
 
-from gradaccum_lib.jobs.train import parse_arguments
+from gradaccum_lib.jobs.train import main as train_main
+from gradaccum_lib.jobs.train_args import JobError, check_sizes, parse_arguments
 
 # 2 x 48 notes of 32 tokens, micro-batch 4, k = 2: 6 windows per epoch, 2 epochs, float64
 JOB = ["-m", "gradaccum_lib.jobs.train", "--train-samples", "96", "--validation-samples", "30",
@@ -223,3 +224,64 @@ def test_a_rank_without_validation_notes_does_not_hang_the_evaluation(tmp_path, 
     assert code == 0, err[-3000:]
     log = json.loads((tmp_path / "log.json").read_text())
     assert [epoch["validation_samples"] for epoch in log["epochs"]] == [1]
+
+
+def test_a_resume_with_another_micro_batch_size_is_refused_at_an_epoch_boundary(tmp_path):
+    first = _single([*JOB, "--epochs", "1", "--checkpoint-dir", str(tmp_path)])
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = (tmp_path / "checkpoint.pt").read_bytes()
+    other = [arg if arg != "4" else "8" for arg in JOB]  # --micro-batch-size 8
+    refused = _single([*other, "--checkpoint-dir", str(tmp_path), "--resume"])
+    assert refused.returncode == 2
+    assert "--micro-batch-size: checkpoint 4, this run 8" in refused.stderr
+    assert str(tmp_path / "checkpoint.pt") in refused.stderr
+    assert "Traceback" not in refused.stderr  # one line, not a traceback
+    assert (tmp_path / "checkpoint.pt").read_bytes() == before  # nothing written
+    lr = _single([*JOB, "--lr", "1e-3", "--checkpoint-dir", str(tmp_path), "--resume"])
+    assert lr.returncode == 2 and "--lr: checkpoint 0.0005, this run 0.001" in lr.stderr
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--accumulation-steps", "1000000000"],
+     "--accumulation-steps 1000000000 is more than the 12 micro-batches a rank has per epoch "
+     "(48 samples per rank / micro-batch 4)"),
+    (["--micro-batch-size", "5000"],
+     "--micro-batch-size 5000 is more than a rank's 48 samples per epoch (48 samples / 1 rank)"),
+    (["--train-samples", "10000000"], "--train-samples 10000000 is more than the train split's"),
+])
+def test_sizes_that_cannot_be_meant_are_refused_before_anything_is_built(flags, message,
+                                                                          tmp_path, capsys):
+    argv = [*JOB[2:], "--train-samples", "48", *flags, "--checkpoint-dir", str(tmp_path / "run")]
+    assert train_main(argv) == 2
+    assert f"error: {message}" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # a refusal writes nothing
+
+
+def test_uneven_samples_over_ranks_are_reported_and_drop_last_drops_them():
+    arguments = parse_arguments(["--train-samples", "97", "--micro-batch-size", "4"])
+    assert check_sizes(arguments, 2000, 2) == (
+        "; 97 samples over 2 ranks: the sampler repeats 1 to even them out (--drop-last drops "
+        "1 instead)")
+    assert check_sizes(arguments, 2000, 1) == ""
+    dropping = parse_arguments(["--train-samples", "97", "--micro-batch-size", "4",
+                                "--drop-last"])
+    assert check_sizes(dropping, 2000, 2) == "; 97 samples over 2 ranks: 1 dropped (--drop-last)"
+    with pytest.raises(JobError, match=r"--micro-batch-size 4 is more than a rank's 2 samples "
+                                       r"per epoch \(3 samples / 2 ranks\)"):
+        check_sizes(parse_arguments(["--train-samples", "3", "--micro-batch-size", "4"]),
+                    2000, 2)
+
+
+def test_resume_without_a_checkpoint_says_so_and_starts_from_step_0(tmp_path, capsys):
+    argv = [*JOB[2:], "--train-samples", "16", "--epochs", "1", "--checkpoint-dir",
+            str(tmp_path), "--resume"]
+    assert train_main(argv) == 0
+    assert f"no checkpoint in {tmp_path}: starting from step 0" in capsys.readouterr().out
+    assert (tmp_path / "checkpoint.pt").is_file()
+
+
+def test_a_checkpoint_dir_that_is_a_file_is_refused_by_argparse(tmp_path, capsys):
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(SystemExit):
+        parse_arguments(["--checkpoint-dir", str(tmp_path / "file")])
+    assert "is a file, not a folder" in capsys.readouterr().err

@@ -6,7 +6,9 @@ the same directory, ``fsync``s it, ``os.replace``s it over the target and ``fsyn
 directory, so a crash at any moment leaves either the old checkpoint or the new one, never a
 torn file; temporaries left by an earlier crash are removed. :func:`read_checkpoint` checks
 the header and the content hash (a single flipped bit is refused) before unpickling with
-``weights_only=True``.
+``weights_only=True``; :func:`remove_stale_temporaries` clears what a killed writer left.
+Two checks of what a checkpoint holds: :func:`optimizer_state_problems` (the optimizer state
+against the parameters) and :func:`window_fingerprint` (the last window trained, for replay).
 """
 
 from __future__ import annotations
@@ -14,13 +16,22 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["CheckpointError", "read_checkpoint", "write_checkpoint"]
+from ..batches import Batch, _tensors_of
+
+__all__ = [
+    "CheckpointError",
+    "optimizer_state_problems",
+    "read_checkpoint",
+    "remove_stale_temporaries",
+    "window_fingerprint",
+    "write_checkpoint",
+]
 
 MAGIC = b"gradaccum-checkpoint v1 sha256="
 _HEX_DIGITS = 64
@@ -33,6 +44,28 @@ class CheckpointError(ValueError):
 
 def _temporaries(target: Path) -> list[Path]:
     return sorted(target.parent.glob(f".{target.name}.tmp-*"))
+
+
+def _writer_is_gone(temporary: Path) -> bool:
+    """True when the pid in a ``.NAME.tmp-PID`` file's name is no running process."""
+    try:
+        os.kill(int(temporary.name.rsplit("-", 1)[1]), 0)
+    except ValueError:
+        return False  # not one of ours: leave it
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # a live process of another user
+        return False
+    return False
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Remove the temporaries of ``path`` left by writers that are gone (a crash during a
+    save, e.g. a SIGKILL); return what was removed. A live writer's file is kept."""
+    stale = [t for t in _temporaries(Path(path)) if _writer_is_gone(t)]
+    for temporary in stale:
+        temporary.unlink(missing_ok=True)
+    return stale
 
 
 def write_checkpoint(state: Mapping[str, Any], path: str | os.PathLike) -> Path:
@@ -104,7 +137,39 @@ def read_checkpoint(path: str | os.PathLike,
     try:
         state = torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
     except Exception as error:  # noqa: BLE001 - any unpickling failure names the file
-        raise CheckpointError(f"checkpoint {source} cannot be unpickled: {error}") from None
+        raise CheckpointError(f"checkpoint {source} cannot be unpickled (expected a dict of "
+                              f"tensors and plain data written by torch.save): {error}") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {source} holds a {type(state).__name__}, not a dict")
     return state
+
+
+def optimizer_state_problems(saved: Mapping[str, Any], optimizer: torch.optim.Optimizer,
+                             ) -> list[str]:
+    """Return what keeps an optimizer ``state_dict`` from fitting ``optimizer``: other group
+    sizes, or a per-parameter state tensor (``exp_avg``...) of another shape than its
+    parameter (first three); empty when it fits."""
+    groups = saved.get("param_groups", [])
+    if [len(g["params"]) for g in groups] != [len(g["params"]) for g in optimizer.param_groups]:
+        return ["optimizer: its parameter groups hold other parameters"]
+    shapes = {index: tuple(parameter.shape) for saved_group, group in zip(
+        groups, optimizer.param_groups, strict=True) for index, parameter in zip(
+        saved_group["params"], group["params"], strict=True)}
+    problems = [f"optimizer: {key} of parameter {index} has shape {tuple(value.shape)}, the "
+                f"parameter {shapes.get(index)}"
+                for index, entry in saved.get("state", {}).items()
+                for key, value in entry.items()
+                if isinstance(value, torch.Tensor) and value.dim() > 0
+                and tuple(value.shape) != shapes.get(index)]
+    return problems[:3]
+
+
+def window_fingerprint(window: Sequence[Batch]) -> str:
+    """Return the SHA-256 of every tensor (dtype, shape, bytes) of a window's micro-batches."""
+    digest = hashlib.sha256()
+    for micro_batch in window:
+        for label, tensor in _tensors_of(micro_batch):
+            flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+            digest.update(f"{label}:{flat.dtype}:{tuple(tensor.shape)};".encode())
+            digest.update(flat.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

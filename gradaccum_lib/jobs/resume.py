@@ -16,7 +16,6 @@ resume whose replayed window differs is refused: never a silent step on the wron
 from __future__ import annotations
 
 import copy
-import hashlib
 import itertools
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -26,25 +25,21 @@ import torch
 import torch.distributed as dist
 
 from ..accumulation import AccumulationTrainer, TrainingHistory
-from ..batches import Batch, _tensors_of, check_batch_collection
+from ..batches import Batch, check_batch_collection
 from ..runtime import check_positive_int
-from .checkpoints import CheckpointError, read_checkpoint, write_checkpoint
+from .checkpoints import (
+    CheckpointError,
+    optimizer_state_problems,
+    read_checkpoint,
+    remove_stale_temporaries,
+    window_fingerprint,
+    write_checkpoint,
+)
 
-__all__ = ["Resumable", "window_fingerprint"]
+__all__ = ["Resumable"]
 
 FORMAT = 3  # 3: the trainer's own state_dict (history as rows), the model's beside it
 _END = object()
-
-
-def window_fingerprint(window: Sequence[Batch]) -> str:
-    """Return the SHA-256 of every tensor (dtype, shape, bytes) of a window's micro-batches."""
-    digest = hashlib.sha256()
-    for micro_batch in window:
-        for label, tensor in _tensors_of(micro_batch):
-            flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-            digest.update(f"{label}:{flat.dtype}:{tuple(tensor.shape)};".encode())
-            digest.update(flat.view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
 
 
 def _order_generators(micro_batches: object) -> list[torch.Generator]:
@@ -72,7 +67,8 @@ class _Rest:
 
 
 class Resumable:
-    """Checkpointing and exact resume for an :class:`AccumulationTrainer` (which it takes).
+    """Checkpointing and exact resume for an :class:`AccumulationTrainer` (which it takes);
+    ``run``, the values that define the run (e.g. a job's flags), is saved and must match.
 
     ``Resumable(trainer).train_epoch(loader, checkpoint_path=..., checkpoint_every=...)``
     trains like ``trainer.train_epoch`` and writes a checkpoint every so many windows; after
@@ -80,11 +76,12 @@ class Resumable:
     trained, checks that the last of them is the one trained before (SHA-256), and goes on.
     """
 
-    def __init__(self, trainer: AccumulationTrainer) -> None:
+    def __init__(self, trainer: AccumulationTrainer,
+                 run: Mapping[str, object] | None = None) -> None:
         if not isinstance(trainer, AccumulationTrainer):
             raise TypeError(f"trainer must be an AccumulationTrainer; got "
                             f"{type(trainer).__name__}")
-        self.trainer = trainer
+        self.trainer, self.run = trainer, dict(run or {})
         self._epoch_order_states: list[torch.Tensor] | None = None
         self._sampler_epoch: int | None = None
         self._last_window: Sequence[Batch] | None = None
@@ -215,6 +212,7 @@ class Resumable:
             "scheduler_kind": type(trainer.scheduler).__name__ if trainer.scheduler else None,
             "scheduler": trainer.scheduler.state_dict() if trainer.scheduler else None,
             "scaler": trainer.scaler.state_dict() if trainer.scaler else None, "ranks": ranks,
+            "run": self.run,
         }
 
     def _check_state(self, state: Mapping[str, Any]) -> None:
@@ -243,10 +241,11 @@ class Resumable:
             reshaped = [n for n in expected if n in saved and saved[n] != expected[n]][:5]
             problems.append(f"model: another architecture (missing {missing}, unknown "
                             f"{unknown}, different shapes {reshaped})")
-        groups = state["optimizer"].get("param_groups", [])
-        if trainer.sync_kind != "fsdp2" and [len(g["params"]) for g in groups] != [
-                len(g["params"]) for g in trainer.optimizer.param_groups]:
-            problems.append("optimizer: its parameter groups hold other parameters")
+        if trainer.sync_kind != "fsdp2":  # FSDP2 saves full tensors for sharded parameters
+            problems += optimizer_state_problems(state["optimizer"], trainer.optimizer)
+        problems += [f"{flag}: checkpoint {state.get('run', {}).get(flag)!r}, this run {value!r}"
+                     for flag, value in (self.run or {}).items()
+                     if state.get("run", {}).get(flag) != value]
         ranks, rank = state.get("ranks", []), trainer.rank
         if len(ranks) != trainer.world_size:
             problems.append(f"ranks: checkpoint has {len(ranks)} rank states")
@@ -335,6 +334,7 @@ class Resumable:
             raise TypeError(f"path must be a path (str or os.PathLike); got {type(path).__name__}")
         # to the CPU: generator states must stay CPU ByteTensors; load_state_dict copies the
         # model's tensors onto its device and the optimizer moves its state to its parameters'
+        remove_stale_temporaries(path)  # a save killed mid-write left one
         state = read_checkpoint(path, map_location="cpu")
         try:
             self.load_state_dict(state)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,82 +40,19 @@ from ..measure.metrics import classification_scores, predict_classes
 from ..runtime import get_profile, set_seed
 from ..workloads.data import LABELS, encode_records, load_emr_split, load_tokenizer
 from ..workloads.models import make_tiny_bert
+from .checkpoints import CheckpointError
 from .resume import Resumable
+from .train_args import (
+    AMP,
+    DTYPES,
+    JobError,
+    check_sizes,
+    parse_arguments,
+    run_definition,
+)
 from .worker import run_worker
 
-MODEL_SIZES = ("tiny", "base")
-AMP = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
 CHECKPOINT, EPOCHS_LOG, FINAL = "checkpoint.pt", "epochs.json", "final.pt"
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive int; got {text}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an int >= 0; got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not (value > 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0; got {text}")
-    return value
-
-
-def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Return the command line parsed and checked (argparse errors for bad flags)."""
-    profile = get_profile()
-    parser = argparse.ArgumentParser(prog="python -m gradaccum_lib.jobs.train",
-                                     description=__doc__.split("\n\n")[0])
-    add = parser.add_argument
-    add("--accumulation-steps", type=_positive_int, default=4)
-    add("--micro-batch-size", type=_positive_int, default=8)
-    add("--epochs", type=_positive_int, default=1)
-    add("--lr", type=_positive_float, default=5e-4)
-    add("--warmup-steps", type=_non_negative_int, default=0, help="in optimizer steps")
-    add("--max-grad-norm", type=_positive_float, default=1.0)
-    add("--amp", choices=tuple(AMP), default="none",
-        help="autocast: bf16 (CPU or GPU) or fp16 with GradScaler (CUDA only)")
-    add("--dtype", choices=tuple(DTYPES), default="float32",
-        help="parameter dtype (float64 for bit-exact comparisons)")
-    add("--seed", type=_non_negative_int, default=0,
-        help="model initialisation and sampler order; dropout uses seed + rank")
-    add("--dropout", type=float, default=0.1,
-        help="dropout probability (0: runs split differently over ranks give equal results)")
-    add("--model-size", choices=MODEL_SIZES, default="tiny",
-        help="tiny: sized by GRADACCUM_PROFILE; base: BERT-base (768 x 12 layers, for a GPU)")
-    add("--max-length", type=_positive_int, default=profile.max_length,
-        help="tokens per note (the article's records are 512)")
-    add("--train-samples", type=_positive_int, default=None, help="default: the whole split")
-    add("--validation-samples", type=_positive_int, default=None)
-    add("--checkpoint-dir", type=Path, default=None)
-    add("--checkpoint-every", type=_positive_int, default=None, help="windows")
-    add("--resume", action="store_true", help="continue from the checkpoint in the directory")
-    add("--json", type=Path, default=None, help="where rank 0 writes the log")
-    add("--no-progress", action="store_true")
-    add("--timeout", type=_positive_float, default=300.0, help="process-group timeout, s")
-    add("--window-delay", type=float, default=0.0, help=argparse.SUPPRESS)  # fault tests
-    arguments = parser.parse_args(argv)
-    if not 0.0 <= arguments.dropout < 1.0:
-        parser.error(f"--dropout must be in [0, 1); got {arguments.dropout}")
-    if arguments.max_length > 512:
-        parser.error(f"--max-length must be at most 512 (BERT's positions); got "
-                     f"{arguments.max_length}")
-    if arguments.max_length < 3:
-        parser.error("--max-length must be at least 3 ([CLS], a token, [SEP])")
-    if (arguments.checkpoint_every or arguments.resume) and arguments.checkpoint_dir is None:
-        parser.error("--checkpoint-every and --resume need --checkpoint-dir")
-    if arguments.amp == "fp16" and not torch.cuda.is_available():
-        parser.error("--amp fp16 needs CUDA (GradScaler); use --amp bf16 on a CPU")
-    return arguments
 
 
 class EncodedNotes(Dataset):
@@ -190,8 +128,10 @@ def run(arguments: argparse.Namespace) -> dict:
     ctx = init_distributed(arguments.timeout)
     started = time.perf_counter()
     set_seed(arguments.seed + ctx.rank)  # torch seeds itself randomly in each new process
+    corpus = load_emr_split("train")
+    note = check_sizes(arguments, len(corpus), ctx.world_size)  # before anything is built
     tokenizer = load_tokenizer()
-    train_records = load_emr_split("train")[:arguments.train_samples]
+    train_records = corpus[:arguments.train_samples]
     validation_records = load_emr_split("validation")[:arguments.validation_samples]
     dataset = EncodedNotes(encode_records(train_records, tokenizer, arguments.max_length))
     validation = encode_records(validation_records, tokenizer, arguments.max_length)
@@ -202,7 +142,8 @@ def run(arguments: argparse.Namespace) -> dict:
         model = DistributedDataParallel(base)
         counter.register(model)
     sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank,
-                                 shuffle=True, seed=arguments.seed)
+                                 shuffle=True, seed=arguments.seed,
+                                 drop_last=arguments.drop_last)
     windows_per_epoch = -(-len(sampler) // (arguments.micro_batch_size
                                             * arguments.accumulation_steps))
     optimizer = torch.optim.AdamW(model.parameters(), lr=arguments.lr)
@@ -213,7 +154,8 @@ def run(arguments: argparse.Namespace) -> dict:
                                      arguments.epochs * windows_per_epoch),
         max_grad_norm=arguments.max_grad_norm, amp_dtype=AMP[arguments.amp],
         progress=not arguments.no_progress and ctx.is_main)
-    resumable = Resumable(trainer)  # checkpoints and exact resume, around the engine
+    # checkpoints and exact resume around the engine; the flags that define the run must match
+    resumable = Resumable(trainer, run=run_definition(arguments, ctx.world_size))
     effective = arguments.micro_batch_size * arguments.accumulation_steps * ctx.world_size
     directory = arguments.checkpoint_dir
     checkpoint = directory / CHECKPOINT if directory else None
@@ -222,6 +164,8 @@ def run(arguments: argparse.Namespace) -> dict:
     resumed_from = None
     if directory is not None and ctx.is_main:
         directory.mkdir(parents=True, exist_ok=True)
+    if arguments.resume and not checkpoint.is_file() and ctx.is_main:
+        print(f"no checkpoint in {directory}: starting from step 0", flush=True)
     if arguments.resume and checkpoint.is_file():
         resumable.load_checkpoint(checkpoint)
         if (directory / EPOCHS_LOG).is_file():
@@ -231,7 +175,7 @@ def run(arguments: argparse.Namespace) -> dict:
     if ctx.is_main:
         print(f"effective batch = micro-batch {arguments.micro_batch_size} x k "
               f"{arguments.accumulation_steps} x world {ctx.world_size} = {effective}; "
-              f"{windows_per_epoch} optimizer steps per epoch"
+              f"{windows_per_epoch} optimizer steps per epoch{note}"
               + (f"; resumed at {resumed_from} (restart {restarts})" if resumed_from else ""),
               flush=True)
 
@@ -289,11 +233,16 @@ class _Delay:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, run, write the log on rank 0, and tear the process group down."""
     arguments = parse_arguments(argv)
-    with process_group_session():
-        log = run(arguments)
-        if (not dist.is_initialized() or dist.get_rank() == 0) and arguments.json:
-            arguments.json.parent.mkdir(parents=True, exist_ok=True)
-            _atomic_json(arguments.json, log)
+    try:
+        with process_group_session():
+            log = run(arguments)
+            if (not dist.is_initialized() or dist.get_rank() == 0) and arguments.json:
+                arguments.json.parent.mkdir(parents=True, exist_ok=True)
+                _atomic_json(arguments.json, log)
+    except (JobError, CheckpointError) as refusal:  # every rank refuses; rank 0 says why
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {refusal}", file=sys.stderr, flush=True)
+        return 2
     return 0
 
 

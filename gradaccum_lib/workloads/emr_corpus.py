@@ -317,8 +317,7 @@ CORPUS_FILES = ("emr_train.jsonl", "emr_validation.jsonl", "emr_test.jsonl", "vo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command: write the corpus into a directory that holds only corpus files (or
-    nothing), unless ``--force``."""
+    """The command: write the corpus where only its files are (or none), unless --force."""
     import argparse
 
     parser = argparse.ArgumentParser(
@@ -334,8 +333,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     directory = Path(arguments.directory)
     if directory.exists() and not directory.is_dir():
         parser.error(f"{directory} exists and is not a directory")
-    others = sorted(p.name for p in directory.iterdir()
-                    if p.name not in CORPUS_FILES) if directory.is_dir() else []
+    others = sorted(p.name for p in directory.iterdir() if p.name not in CORPUS_FILES or (
+        p.name == "README.md" and not p.read_text(errors="replace").startswith(
+            "# EMR corpus: datasheet"))) if directory.is_dir() else []  # a README of its own
     if others and not arguments.force:
         parser.error(f"{directory} holds files that are not the corpus ({', '.join(others[:5])}"
                      f"{', ...' if len(others) > 5 else ''}), and writing would overwrite its "
