@@ -1,5 +1,5 @@
-"""launch() under failure: every process of a run dies with it (timeout, interrupt, killed
-agent), a timeout names the ranks that hung, and a run listens on loopback only.
+"""launch() under failure: no process of a run outlives it (timeout, interrupt, caller ended by
+a signal or a kernel restart, agent killed), a timeout names the ranks that hung, and more.
 
 Each check looks at the processes of its OWN run (pids the run's workers wrote, pids launch
 recorded, the test's own process tree), never at the whole machine: other runs may share it.
@@ -7,24 +7,29 @@ recorded, the test's own process tree), never at the whole machine: other runs m
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
 import pytest
 
-from gradaccum_lib.jobs.launcher import LaunchTimeout, launch
+import gradaccum_lib.jobs.run_cleanup as cleanup
+from gradaccum_lib.jobs.launcher import LaunchError, LaunchTimeout, launch
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
 HANG = str(WORKERS / "hang.py")
 SLOW_TO_DIE = str(WORKERS / "slow_to_die.py")
+CALLER = str(WORKERS / "caller.py")
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="process-tree checks read Linux /proc")
@@ -34,11 +39,9 @@ def _running(pids: Iterable[int]) -> list[int]:
     """Return the pids among ``pids`` that still run (a zombie awaiting its reaper does not)."""
     running = []
     for pid in pids:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
                 running.append(pid)
-        except psutil.NoSuchProcess:
-            pass
     return running
 
 
@@ -61,13 +64,20 @@ def _wait_until_gone(pids: list[int], timeout_seconds: float) -> float:
     return time.monotonic() - start
 
 
+def _run_folder_of(owner: int) -> Path:
+    """Return the run folder (in the system temp dir) that records ``owner`` as its owner."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{cleanup.RUN_FOLDER_PREFIX}*"):
+        with contextlib.suppress(OSError):  # other runs' folders come and go
+            if (folder / cleanup.OWNER_FILE).read_text().split()[0] == str(owner):
+                return folder
+    raise AssertionError(f"no run folder of pid {owner}")
+
+
 def _kill(pids: Iterable[int]) -> None:
     """SIGKILL whatever of ``pids`` still runs (a failed test's leftovers)."""
     for pid in _running(pids):
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             psutil.Process(pid).kill()
-        except psutil.NoSuchProcess:
-            pass
 
 
 def test_workers_that_ignore_sigterm_are_killed_at_the_timeout(tmp_path):
@@ -142,6 +152,11 @@ def test_a_worker_exits_at_once_when_its_agent_is_already_gone():
              "GRADACCUM_AGENT_PID": "4194305"})
     assert worker.returncode == 1
     assert "torchrun agent (pid 4194305) is gone" in worker.stderr
+    # and an agent whose caller is already gone exits before starting torchrun
+    agent = subprocess.run([sys.executable, "-c", "from gradaccum_lib.jobs.worker import "
+                            "run_agent; run_agent(4194305, [])"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+    assert agent.returncode == 1 and "caller of launch() (pid 4194305) is gone" in agent.stderr
 
 
 def test_the_watchdog_exits_a_process_whose_parent_dies(tmp_path):
@@ -215,3 +230,121 @@ def test_a_timeout_before_any_worker_started_says_so():
         launch(HANG, ["--ready-dir", "unused"], timeout_seconds=0.3)
     assert info.value.unfinished_ranks == ()
     assert _running(info.value.process_ids) == []
+
+
+@pytest.mark.parametrize("signum, thread", [(signal.SIGTERM, False), (signal.SIGHUP, False),
+                                            (signal.SIGKILL, False), (signal.SIGTERM, True)],
+                         ids=["SIGTERM", "SIGHUP", "SIGKILL", "SIGTERM-launch-in-a-thread"])
+def test_a_caller_ended_by_a_signal_leaves_no_process(tmp_path, signum, thread):
+    # a CI timeout, a closed terminal (SIGHUP), a killed caller: the run dies with it
+    caller = subprocess.Popen([sys.executable, CALLER, "--ready-dir", str(tmp_path),
+                               *(["--thread"] if thread else [])], cwd=ROOT)
+    started: list[int] = []  # the workers
+    try:
+        started = _ready_pids(tmp_path, ["rank-0", "rank-1"], 60)
+        run = [process.pid for process in psutil.Process(caller.pid).children(recursive=True)]
+        assert set(started) < set(run) and len(run) == 3  # the agent and both workers
+        folder = _run_folder_of(caller.pid)
+        caller.send_signal(signum)
+        seconds = _wait_until_gone(run, 5)
+        print(f"{signal.Signals(signum).name} (thread: {thread}): run gone in {seconds:.2f} s")
+        assert caller.wait(30) == -signum
+        if signum == signal.SIGKILL or thread:  # no handler ran: the next launch() sweeps
+            cleanup.remove_orphaned_run_folders()
+        assert not folder.exists()
+    finally:
+        caller.kill()
+        caller.wait()
+        _kill(started)
+
+
+def test_restarting_the_kernel_leaves_no_process(tmp_path):
+    # Jupyter's "Restart kernel": SIGINT then SIGKILL to the kernel; its run dies with it
+    manager = pytest.importorskip("jupyter_client.manager").KernelManager(kernel_name="python3")
+    manager.start_kernel(cwd=str(ROOT), env={**os.environ, "OMP_NUM_THREADS": "1"})
+    client, started = manager.client(), []
+    try:
+        client.start_channels()
+        client.wait_for_ready(timeout=60)
+        client.execute(f"from gradaccum_lib.jobs.launcher import launch\nlaunch({HANG!r}, "
+                       f"['--ready-dir', {str(tmp_path)!r}, '--hang-ranks', '0,1'])")
+        started = _ready_pids(tmp_path, ["rank-0", "rank-1"], 60)
+        kernel = manager.provisioner.process.pid
+        run = [process.pid for process in psutil.Process(kernel).children(recursive=True)]
+        assert set(started) < set(run)
+        folder = _run_folder_of(kernel)
+        start = time.monotonic()
+        manager.restart_kernel(now=True)
+        _wait_until_gone(run, 5 - (time.monotonic() - start))
+        print(f"kernel restart: run gone in {time.monotonic() - start:.2f} s")
+        cleanup.remove_orphaned_run_folders()
+        assert not folder.exists()
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+        _kill(started)
+
+
+@pytest.mark.parametrize("signum, verb", [(signal.SIGKILL, "killed"), (signal.SIGTERM, "stopped")])
+def test_a_dead_agent_is_named_in_the_error(tmp_path, signum, verb):
+    before = signal.getsignal(signal.SIGTERM)
+    with ThreadPoolExecutor(1) as runner:  # launch() in a thread installs no handler
+        future = runner.submit(launch, HANG, ["--ready-dir", str(tmp_path), "--hang-ranks",
+                                              "0,1"], timeout_seconds=120)
+        workers = _ready_pids(tmp_path, ["rank-0", "rank-1"], 60)
+        agent = psutil.Process(workers[0]).ppid()
+        assert signal.getsignal(signal.SIGTERM) is before
+        os.kill(agent, signum)
+        with pytest.raises(LaunchError, match=rf"the torchrun agent \(pid {agent}\) was {verb} "
+                                              rf"by {signum.name}") as info:
+            future.result(60)
+    assert info.value.root_cause_rank is None
+    assert _running(info.value.process_ids) == []
+
+
+def test_sigterm_to_a_caller_with_its_own_handler_ends_the_run_and_calls_it(tmp_path):
+    # in the main thread: the caller's handler runs after the cleanup; SIGHUP stays ignored
+    received: list[int] = []
+    previous = (signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum)),
+                signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    handlers: list[object] = []  # while launch() runs
+
+    def send_sigterm() -> None:
+        _ready_pids(tmp_path, ["rank-0", "rank-1"], 60)
+        handlers.extend([signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)])
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    before = {process.pid for process in psutil.Process().children(recursive=True)}
+    try:
+        with ThreadPoolExecutor(1) as sender, pytest.raises(
+                LaunchError, match=r"launch\(\) of .*hang.py was stopped by SIGTERM") as info:
+            sender.submit(send_sigterm)
+            launch(HANG, ["--ready-dir", str(tmp_path), "--hang-ranks", "0,1"],
+                   timeout_seconds=120)
+        assert received == [signal.SIGTERM] and info.value.returncode == -signal.SIGTERM
+        assert handlers[0] not in (signal.getsignal(signal.SIGTERM), signal.SIG_DFL)
+        assert handlers[1] == signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        assert _running(_ready_pids(tmp_path, ["rank-0", "rank-1"], 0)) == []
+        assert {process.pid for process in psutil.Process().children(recursive=True)} <= before
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGHUP, previous[1])
+
+
+def test_only_the_run_folders_of_dead_owners_are_removed(tmp_path):
+    gone = subprocess.run([sys.executable, "-c", "import psutil; p = psutil.Process(); "
+                           "print(p.pid, repr(p.create_time()))"], capture_output=True,
+                          text=True, check=True).stdout.split()  # a dead process
+    prefix = tmp_path / cleanup.RUN_FOLDER_PREFIX
+    with cleanup.run_folder(tmp_path) as live:
+        pid, created, namespace = (live / cleanup.OWNER_FILE).read_text().split()
+        for name, owner in {"dead": f"{gone[0]} {gone[1]} {namespace}", "no-owner": None,
+                            "reused-pid": f"{pid} {float(created) - 60} {namespace}",
+                            "dead-elsewhere": f"{gone[0]} {gone[1]} pid:[0]"}.items():
+            Path(f"{prefix}{name}").mkdir()
+            if owner is not None:
+                (Path(f"{prefix}{name}") / cleanup.OWNER_FILE).write_text(owner)
+        removed = cleanup.remove_orphaned_run_folders(tmp_path)
+        assert sorted(map(str, removed)) == [f"{prefix}dead", f"{prefix}reused-pid"]
+        assert live.is_dir() and pid == str(os.getpid())
+    assert sorted(map(str, tmp_path.iterdir())) == [f"{prefix}dead-elsewhere", f"{prefix}no-owner"]

@@ -1,3 +1,4 @@
-"""Programs that ``torchrun`` runs around the engine (``train``, ``ddp``, ``fsdp_probe``,
-``step_times``), the torchrun worker's entry point (``worker``), ``launch()`` with whole-tree
-cleanup (``launcher``), checkpoint files (``checkpoints``) and exact resume (``resume``)."""
+"""Programs that ``torchrun`` runs around the engine (``train``, with its command line in
+``train_args``; ``ddp``, ``fsdp_probe``, ``step_times``), the torchrun worker's and agent's
+entry points (``worker``), ``launch()`` (``launcher``) and how its runs end with their caller
+(``run_cleanup``), checkpoint files (``checkpoints``) and exact resume (``resume``)."""

@@ -3,11 +3,13 @@
 Distributed code runs under the real engine: :func:`launch` runs torchrun from a notebook or
 a test in a subprocess with its own session and a timeout. It records every process of the
 run while it waits (workers start late, and each has its own session) and kills all of them
-on a timeout, an error or an interrupt; its errors carry the failing ranks' stderr and, on a
-timeout, the ranks that had not finished with their Python stacks. A run whose workers join
-through ``init_distributed`` listens on loopback only. (``!torchrun`` in a cell never fails
-the cell and may not be on PATH; ``mp.spawn`` of a function defined in a notebook cannot
-pickle it; fork-based launchers can hang after torch has started threads.)
+on a timeout, an error, an interrupt, or SIGTERM/SIGHUP to its caller; its errors carry the
+failing ranks' stderr and, on a timeout, the ranks that had not finished with their Python
+stacks. The run also ends when its caller dies otherwise (SIGKILL: "Restart kernel"), and
+the next launch() removes that run's folder (:mod:`~gradaccum_lib.jobs.run_cleanup`). A run
+whose workers join through ``init_distributed`` listens on loopback only. (``!torchrun`` in
+a cell never fails the cell and may not be on PATH; ``mp.spawn`` of a function defined in a
+notebook cannot pickle it; fork-based launchers can hang after torch has started threads.)
 """
 
 from __future__ import annotations
@@ -21,24 +23,24 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
-import time
 import uuid
-import warnings
-from collections.abc import Collection
 from pathlib import Path
 
 import psutil
 
-from ..distributed import AGENT_PID_VARIABLE, RUN_ID_VARIABLE, STORE_FILE_VARIABLE
+from ..distributed import RUN_ID_VARIABLE, STORE_FILE_VARIABLE
 from ..runtime import check_positive_int
+from .run_cleanup import CallerSignals, RunProcesses, rank_logs, run_folder
 
 __all__ = ["LaunchError", "LaunchTimeout", "launch", "torchrun_command"]
 
-#: seconds each process of a run gets to exit on SIGTERM before launch() sends SIGKILL
-TERMINATE_GRACE_SECONDS = 2.0
-#: how often launch() records the run's new processes while it waits
-POLL_SECONDS = 0.2
+#: what the agent process runs: worker.run_agent (torchrun, which it stops when the caller
+#: dies); the package's parent folder comes last on its path, for a caller that added it
+AGENT_ENTRY = ("import sys; sys.path.append(sys.argv[1]); "
+               "from gradaccum_lib.jobs.worker import run_agent; "
+               "run_agent(int(sys.argv[2]), sys.argv[3:])")
+#: what torchrun's agent prints when its SIGTERM/SIGINT/SIGHUP/SIGQUIT handler stopped it
+AGENT_SIGNAL = re.compile(r"SignalException: Process \d+ got signal: (?:Signals\.)?(\w+)")
 
 
 class LaunchError(RuntimeError):
@@ -78,143 +80,6 @@ class LaunchTimeout(LaunchError):
         self.unfinished_ranks = unfinished_ranks
 
 
-def _rank_logs(log_dir: Path, name: str) -> dict[int, str]:
-    """Return each rank's ``name`` log (``stdout``/``stderr``) in torchrun's ``log_dir``."""
-    logs = {}
-    for path in sorted(log_dir.glob(f"**/{name}.log")):
-        try:
-            rank = int(path.parent.name)
-        except ValueError:
-            continue
-        logs[rank] = path.read_text(errors="replace")
-    return logs
-
-
-def _is_alive(process: psutil.Process) -> bool:
-    """Return True if ``process`` (the same one: psutil checks pid reuse) runs, zombies aside."""
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _handles(process: psutil.Process, signum: int) -> bool:
-    """Return True if ``process`` has a handler for ``signum`` (Linux /proc; else False)."""
-    try:
-        status = Path(f"/proc/{process.pid}/status").read_text()
-    except OSError:
-        return False
-    caught = next((line.split()[1] for line in status.splitlines()
-                   if line.startswith("SigCgt:")), "0")
-    return bool(int(caught, 16) >> (signum - 1) & 1)
-
-
-class _RunProcesses:
-    """Every process of one torchrun run: the agent and each descendant seen while it ran
-    (workers start late, and outlive an agent that dies), with the workers' ranks."""
-
-    def __init__(self, agent: subprocess.Popen, run_id: str) -> None:
-        self.agent = agent
-        self.run_id = run_id
-        self.processes: dict[int, psutil.Process] = {}
-        self.worker_ranks: dict[int, int] = {}  # pid -> rank, for the agent's own children
-        with contextlib.suppress(psutil.Error):
-            self.processes[agent.pid] = psutil.Process(agent.pid)
-
-    def refresh(self) -> None:
-        """Record the new descendants of every recorded process, and the workers' ranks."""
-        visited: set[int] = set()
-        for process in list(self.processes.values()):
-            if process.pid in visited:
-                continue
-            with contextlib.suppress(psutil.Error):
-                for child in process.children(recursive=True):
-                    visited.add(child.pid)
-                    self.processes.setdefault(child.pid, child)
-        for pid, process in self.processes.items():
-            if pid == self.agent.pid or pid in self.worker_ranks:
-                continue
-            with contextlib.suppress(psutil.Error, KeyError, ValueError):
-                environment = process.environ() if process.ppid() == self.agent.pid else {}
-                if environment.get("TORCHELASTIC_RUN_ID") == self.run_id:  # once exec'd
-                    self.worker_ranks[pid] = int(environment["RANK"])
-
-    def wait(self, timeout_seconds: float) -> str:
-        """Return the agent's stderr once it exits, recording processes meanwhile; raise
-        ``subprocess.TimeoutExpired`` after ``timeout_seconds``."""
-        deadline = time.monotonic() + timeout_seconds
-        while True:
-            self.refresh()
-            remaining = deadline - time.monotonic()
-            try:
-                return self.agent.communicate(timeout=max(0.0, min(POLL_SECONDS, remaining)))[1]
-            except subprocess.TimeoutExpired:
-                if remaining <= POLL_SECONDS:
-                    raise
-
-    def unfinished_ranks(self) -> tuple[int, ...]:
-        """Return the ranks whose worker is still running, sorted."""
-        return tuple(sorted(rank for pid, rank in self.worker_ranks.items()
-                            if _is_alive(self.processes[pid])))
-
-    def dump_stacks(self, ranks: Collection[int], log_dir: Path) -> list[int]:
-        """Have the workers of ``ranks`` that handle SIGUSR1 (``run_worker``'s faulthandler)
-        print their Python stacks to their stderr log, wait up to 1 s for them; return the
-        ranks asked, sorted."""
-        asked = []
-        for pid, rank in self.worker_ranks.items():
-            if rank in ranks and _handles(self.processes[pid], signal.SIGUSR1):
-                with contextlib.suppress(psutil.Error):
-                    self.processes[pid].send_signal(signal.SIGUSR1)
-                    asked.append(rank)
-        deadline = time.monotonic() + 1.0
-        while asked and time.monotonic() < deadline:
-            logs = _rank_logs(log_dir, "stderr")
-            if all("(most recent call first)" in logs.get(rank, "") for rank in asked):
-                break
-            time.sleep(0.05)
-        return sorted(asked)
-
-    def kill(self) -> tuple[int, ...]:
-        """Send SIGTERM to every process of the run still alive, SIGKILL to those alive
-        :data:`TERMINATE_GRACE_SECONDS` later; return the pids still alive after that."""
-        for signum, wait_seconds in ((signal.SIGTERM, TERMINATE_GRACE_SECONDS),
-                                     (signal.SIGKILL, 5.0)):
-            self.refresh()
-            alive = [process for process in self.processes.values() if _is_alive(process)]
-            if not alive:
-                return ()
-            signalled_group = False
-            if self.agent.returncode is None:  # not reaped: its pid is still its group's id
-                with contextlib.suppress(OSError):
-                    os.killpg(self.agent.pid, signum)
-                    signalled_group = True
-            for process in alive:
-                if not (signalled_group and process.pid == self.agent.pid):
-                    with contextlib.suppress(psutil.Error):
-                        process.send_signal(signum)
-            deadline = time.monotonic() + wait_seconds
-            while time.monotonic() < deadline:
-                self.agent.poll()  # reap the agent
-                if not any(_is_alive(process) for process in alive):
-                    break
-                time.sleep(0.05)
-        return tuple(process.pid for process in self.processes.values() if _is_alive(process))
-
-    def close(self) -> None:
-        """Kill what is left of the run (warn about any process that survives) and close the
-        agent's pipes."""
-        survivors = self.kill()
-        if survivors:
-            warnings.warn(f"processes {list(survivors)} of a torchrun run survived SIGKILL",
-                          RuntimeWarning, stacklevel=3)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.agent.wait(timeout=1.0)  # reap it (kill() may have seen it a zombie)
-        for stream in (self.agent.stdout, self.agent.stderr):
-            if stream is not None:
-                stream.close()
-
-
 def _loopback_interface() -> str | None:
     """Return the name of the network interface that holds 127.0.0.1 (None if none does)."""
     for name, addresses in psutil.net_if_addrs().items():
@@ -229,6 +94,23 @@ def _program(module: str) -> list[str]:
     if not isinstance(module, str) or not module:
         raise TypeError(f"module must be a module name or a .py script path; got {module!r}")
     return [module] if module.endswith(".py") else ["-m", module]
+
+
+def _signal_name(signum: int | str) -> str:
+    """Return ``SIGTERM`` for 15 or "15"; a name as it is, another number as ``signal N``."""
+    with contextlib.suppress(ValueError):
+        return signal.Signals(int(signum)).name
+    return signum if isinstance(signum, str) and not signum.isdigit() else f"signal {signum}"
+
+
+def _agent_death(pid: int, returncode: int, agent_stderr: str) -> str | None:
+    """Return how a signal ended the torchrun agent ``pid``, or None if none did."""
+    if returncode < 0:
+        return f"the torchrun agent (pid {pid}) was killed by {_signal_name(-returncode)}"
+    match = AGENT_SIGNAL.search(agent_stderr)  # its handler raised, torchrun stopped the ranks
+    if match is None:
+        return None
+    return f"the torchrun agent (pid {pid}) was stopped by {_signal_name(match.group(1))}"
 
 
 def launch(
@@ -247,23 +129,33 @@ def launch(
     join through :func:`~gradaccum_lib.distributed.init_distributed`) meet through files in a
     private directory instead of TCP stores, which torch binds to every interface, and
     gloo/nccl use the loopback interface (``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``).
-    Every process of the run is killed on a timeout, an error or an interrupt (Ctrl-C,
-    "Interrupt kernel"). Raises :class:`LaunchTimeout` when the run takes longer than
-    ``timeout_seconds``, and :class:`LaunchError` with the failing ranks' stderr tails when
-    it exits non-zero.
+    Every process of the run is killed on a timeout, an error, an interrupt (Ctrl-C,
+    "Interrupt kernel") or SIGTERM/SIGHUP to this process (when launch() runs in the main
+    thread, for the signals not ignored; then the signal takes its course with the caller's
+    own handler: the default ends the process). When this process dies otherwise (SIGKILL:
+    "Restart kernel"; a signal while launch() runs in another thread), torchrun's agent gets
+    SIGTERM (its parent-death signal, armed for the thread that started it, which launch()
+    blocks until the agent is gone) and stops its workers, and the next launch() removes the
+    run's folder. Raises
+    :class:`LaunchTimeout` when the run takes longer than ``timeout_seconds``, and
+    :class:`LaunchError` with the failing ranks' stderr tails (or how a signal ended the
+    agent) when it exits non-zero.
     """
     check_positive_int("nproc_per_node", nproc_per_node)
     if timeout_seconds <= 0:
         raise ValueError(f"timeout_seconds must be > 0; got {timeout_seconds}")
     program = _program(module)
-    with tempfile.TemporaryDirectory(prefix="gradaccum-launch-") as scratch:
-        scratch_path = Path(scratch)
+    caller = os.getpid()
+    signals = CallerSignals(lambda signum: LaunchError(
+        f"launch() of {module} was stopped by {signal.Signals(signum).name} to its caller (pid "
+        f"{caller}); the run's processes were killed", -signum, {}))
+    with signals, run_folder() as scratch_path:
         json_path = scratch_path / "result.json"
         log_dir = scratch_path / "logs"
         run_id = uuid.uuid4().hex
-        command = [  # sh exports the pid it execs torchrun with, for run_worker
-            "/bin/sh", "-c", f'export {AGENT_PID_VARIABLE}=$$; exec "$@"', "sh",
-            sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
+        command = [  # the agent: run_agent runs torchrun in this process (its pid is the agent's)
+            sys.executable, "-c", AGENT_ENTRY, str(Path(__file__).resolve().parents[2]),
+            str(caller), "--nnodes=1",
             f"--nproc_per_node={nproc_per_node}", "--rdzv-backend=c10d",
             "--rdzv-conf=store_type=file", f"--rdzv-endpoint={scratch_path / 'rendezvous'}",
             f"--rdzv-id={run_id}", "--local-addr=127.0.0.1", f"--log-dir={log_dir}",
@@ -278,14 +170,14 @@ def launch(
             env.update(GLOO_SOCKET_IFNAME=loopback, NCCL_SOCKET_IFNAME=loopback)
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True, start_new_session=True, env=env)
-        run = _RunProcesses(process, run_id)
+        run = RunProcesses(process, run_id)
         try:
             launcher_stderr = run.wait(timeout_seconds)
         except subprocess.TimeoutExpired:
             unfinished = run.unfinished_ranks()
             stacked = run.dump_stacks(unfinished, log_dir)
             survivors = run.kill()
-            logs = {r: log[-tail_chars:] for r, log in _rank_logs(log_dir, "stderr").items()}
+            logs = {r: log[-tail_chars:] for r, log in rank_logs(log_dir, "stderr").items()}
             killed = (f"processes {list(survivors)} of the run survived SIGKILL" if survivors
                       else f"every process of the run ({len(run.processes)}) was killed")
             details = "\n".join(f"--- rank {r} stderr (tail) ---\n{logs[r]}"
@@ -301,21 +193,26 @@ def launch(
             run.close()
         process_ids = tuple(run.processes)
         if process.returncode != 0:
-            logs = _rank_logs(log_dir, "stderr")
+            logs = rank_logs(log_dir, "stderr")
             failing = {r: log[-tail_chars:] for r, log in logs.items() if "Traceback" in log}
-            failing = failing or {r: log[-tail_chars:] for r, log in logs.items()}
-            # the root cause: a rank that failed on its own, not because a peer died; else
-            # the rank torchrun observed failing first
-            own = sorted(r for r, log in failing.items() if not PEER_FAILURE.search(log))
-            match = ROOT_CAUSE.search(launcher_stderr)
-            root = own[0] if own else (int(match.group(1)) if match else None)
+            death = _agent_death(process.pid, process.returncode, launcher_stderr)
+            if death is not None:  # no rank failed on its own
+                failing = failing or {r: log[-tail_chars:] for r, log in logs.items() if log}
+                root, cause = None, f"{death}; ranks with errors: {sorted(failing)}"
+            else:
+                failing = failing or {r: log[-tail_chars:] for r, log in logs.items()}
+                # the root cause: a rank that failed on its own, not because a peer died;
+                # else the rank torchrun observed failing first
+                own = sorted(r for r, log in failing.items() if not PEER_FAILURE.search(log))
+                match = ROOT_CAUSE.search(launcher_stderr)
+                root = own[0] if own else (int(match.group(1)) if match else None)
+                cause = f"first failing rank: {root}; ranks with errors: {sorted(failing)}"
             order = sorted(failing, key=lambda r: (r != root, r))  # the root cause first
             details = "\n".join(f"--- rank {r} stderr (tail) ---\n{failing[r]}" for r in order)
             if not details:
                 details = launcher_stderr[-tail_chars:]
             raise LaunchError(
-                f"torchrun {module} exited with code {process.returncode}; first failing rank: "
-                f"{root}; ranks with errors: {sorted(failing)}\n{details}",
+                f"torchrun {module} exited with code {process.returncode}; {cause}\n{details}",
                 process.returncode, failing, root, process_ids=process_ids)
         if not json_path.is_file():
             raise LaunchError(f"torchrun {module} succeeded but rank 0 wrote no JSON",

@@ -1,7 +1,10 @@
-"""A torchrun worker's entry point, :func:`run_worker`: it dies with its torchrun agent (a
-SIGKILLed agent cannot stop it otherwise), prints its Python stacks on SIGUSR1 (what
-:func:`gradaccum_lib.jobs.launcher.launch` shows for the ranks that hang) and exits without
-the interpreter's finalisation, which gloo's threads can abort.
+"""The entry points of a :func:`~gradaccum_lib.jobs.launcher.launch` run's processes.
+
+:func:`run_worker`, a torchrun worker's: it dies with its torchrun agent (a SIGKILLed agent
+cannot stop it otherwise), prints its Python stacks on SIGUSR1 (what launch() shows for the
+ranks that hang) and exits without the interpreter's finalisation, which gloo's threads can
+abort. :func:`run_agent`, the torchrun agent's: it gets SIGTERM when the process that called
+launch() dies, even by SIGKILL (Jupyter's "Restart kernel"), and then stops its workers.
 """
 
 from __future__ import annotations
@@ -19,19 +22,19 @@ from typing import NoReturn
 
 from ..distributed import AGENT_PID_VARIABLE, launch_variable
 
-__all__ = ["run_worker"]
+__all__ = ["run_agent", "run_worker"]
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def _set_parent_death_signal() -> bool:
-    """Return True once the kernel will SIGKILL this process when the thread that started it
-    exits (Linux ``prctl(PR_SET_PDEATHSIG)``), False where that is not available."""
+def _set_parent_death_signal(signum: int = signal.SIGKILL) -> bool:
+    """Return True once the kernel will send ``signum`` to this process when the THREAD that
+    started it exits (Linux ``prctl(PR_SET_PDEATHSIG)``), False where that is not available."""
     if not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+        return libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
 
@@ -43,14 +46,15 @@ def _exit_orphaned(parent_pid: int) -> NoReturn:
     os._exit(1)
 
 
-def _watch_parent(parent_pid: int, poll_seconds: float = 0.5) -> threading.Thread:
-    """Start and return a daemon thread that exits the process once its parent is no longer
-    ``parent_pid``."""
+def _watch_parent(parent_pid: int, poll_seconds: float = 0.5,
+                  orphaned: Callable[[int], object] = _exit_orphaned) -> threading.Thread:
+    """Start and return a daemon thread that calls ``orphaned(parent_pid)`` (default: exit the
+    process) once its parent is no longer ``parent_pid``."""
 
     def watch() -> None:
         while os.getppid() == parent_pid:
             time.sleep(poll_seconds)
-        _exit_orphaned(parent_pid)
+        orphaned(parent_pid)
 
     thread = threading.Thread(target=watch, name="gradaccum-parent-watchdog", daemon=True)
     thread.start()
@@ -66,6 +70,31 @@ def _exit_with_agent() -> None:
         _watch_parent(agent_pid)
     if os.getppid() != agent_pid:  # the agent died before the signal was armed
         _exit_orphaned(agent_pid)
+
+
+def _terminate_self(caller_pid: int) -> None:
+    """Send this process SIGTERM (torchrun's agent then stops its workers and exits)."""
+    print(f"the caller of launch() (pid {caller_pid}) is gone; torchrun agent {os.getpid()} "
+          "stops", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def run_agent(caller_pid: int, arguments: list[str]) -> None:
+    """Run torchrun's agent here (``torchrun ARGUMENTS``), stopped when ``caller_pid`` dies."""
+    # The kernel sends SIGTERM once the THREAD that started this process exits: launch()
+    # blocks the thread it runs in until the agent is gone, so a launch() from any thread is
+    # covered, and a caller that dies takes all its threads. torchrun's SIGTERM handler
+    # stops its workers (SIGTERM, then SIGKILL 30 s later); run_worker's die with the agent.
+    os.environ[AGENT_PID_VARIABLE] = str(os.getpid())  # run_worker's agent: this process
+    if not _set_parent_death_signal(signal.SIGTERM):
+        _watch_parent(caller_pid, orphaned=_terminate_self)
+    if os.getppid() != caller_pid:  # the caller died before the signal was armed
+        print(f"the caller of launch() (pid {caller_pid}) is gone; torchrun agent "
+              f"{os.getpid()} exits", file=sys.stderr, flush=True)
+        sys.exit(1)
+    from torch.distributed.run import main  # after arming: importing torch takes seconds
+
+    main(arguments)
 
 
 def run_worker(main: Callable[[], int]) -> None:
