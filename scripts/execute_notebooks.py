@@ -1,6 +1,8 @@
 """Re-execute notebooks in place, top to bottom, storing outputs and widget state.
 
 Usage: python scripts/execute_notebooks.py notebooks/*.ipynb  (the Makefile's `notebooks`)
+       python scripts/execute_notebooks.py --check notebooks/*.ipynb  (`make check-profiles`:
+       execute under the current profile, write and record nothing, report every failure)
 
 The series' run times have one source: each execution of a notebook of the series (in
 ``notebooks/`` or ``notebooks/solutions/``) records its wall time in
@@ -44,8 +46,9 @@ def readme_time(seconds: float) -> str:
     return f"~{about(seconds)} s"
 
 
-def execute(path: Path, timeout: int = 600) -> float:
-    """Execute the notebook at ``path`` in its own folder, write it back; return seconds."""
+def execute(path: Path, timeout: int = 600, write: bool = True) -> float:
+    """Execute the notebook at ``path`` in its own folder, write it back (unless ``write`` is
+    False); return seconds."""
     notebook = nbformat.read(path, as_version=4)
     client = NotebookClient(
         notebook,
@@ -57,7 +60,8 @@ def execute(path: Path, timeout: int = 600) -> float:
     start = time.perf_counter()
     client.execute()
     seconds = time.perf_counter() - start
-    nbformat.write(notebook, path)
+    if write:
+        nbformat.write(notebook, path)
     return seconds
 
 
@@ -99,20 +103,36 @@ def record(path: Path, seconds: float) -> None:
 
 
 def main(paths: list[str]) -> int:
+    check = "--check" in paths
+    paths = [name for name in paths if name != "--check"]
     if not paths:
-        print("usage: execute_notebooks.py NOTEBOOK.ipynb ...", file=sys.stderr)
+        print("usage: execute_notebooks.py [--check] NOTEBOOK.ipynb ...", file=sys.stderr)
         return 2
     for name in paths:
         path = Path(name)
         if path.suffix != ".ipynb" or not path.is_file():
             print(f"not a notebook file: {name}", file=sys.stderr)
             return 2
+    failed = []
     for name in paths:
         path = Path(name)
         print(f"executing {path} ...", flush=True)
-        seconds = execute(path)
-        record(path, seconds)
-        print(f"  done in {seconds:.1f} s", flush=True)
+        if not check:
+            seconds = execute(path)
+            record(path, seconds)
+            print(f"  done in {seconds:.1f} s", flush=True)
+            continue
+        try:
+            seconds = execute(path, write=False)
+            print(f"  ok in {seconds:.1f} s (nothing written)", flush=True)
+        except Exception as error:  # noqa: BLE001 - report each notebook, then the list
+            failed.append(path.name)
+            last = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip().splitlines()[-1]
+            print(f"  FAILED: {last[:300]}", flush=True)
+    if failed:
+        print(f"{len(failed)} of {len(paths)} failed under GRADACCUM_PROFILE="
+              f"{os.environ.get('GRADACCUM_PROFILE', '')}: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -85,3 +85,20 @@ def test_a_notebook_without_the_header_line_is_refused(tmp_path, monkeypatch) ->
     monkeypatch.setenv("GRADACCUM_PROFILE", "ci")
     with pytest.raises(ValueError, match="must state the run time"):
         execute_notebooks.record(path, 3.0)
+
+
+def test_check_mode_executes_writes_nothing_and_reports_every_failure(tmp_path, capsys):
+    import nbformat
+
+    paths = []
+    for name, code in (("fine", "x = 1 + 1"), ("broken", "assert False, 'a size claim'")):
+        notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
+        path = tmp_path / f"{name}.ipynb"
+        nbformat.write(notebook, path)
+        paths.append(path)
+    before = [path.read_bytes() for path in paths]
+    assert execute_notebooks.main(["--check", *map(str, paths)]) == 1
+    out, err = capsys.readouterr()
+    assert "ok in" in out and "FAILED: AssertionError: a size claim" in out
+    assert "1 of 2 failed" in err and "broken.ipynb" in err
+    assert [path.read_bytes() for path in paths] == before  # nothing written

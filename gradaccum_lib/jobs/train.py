@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -117,6 +118,17 @@ def evaluate(model: nn.Module, columns: dict[str, Tensor], ctx: DistributedConte
             "validation_samples": int(sum(p[1] for p in parts))}
 
 
+def summary(epochs_log: list[dict], optimizer_steps: int, effective_batch: int) -> str:
+    """Return the end-of-run lines: epochs, optimizer steps, effective batch, and each
+    epoch's validation loss, accuracy and macro-F1."""
+    lines = [f"{len(epochs_log)} epochs, {optimizer_steps} optimizer steps, effective batch "
+             f"{effective_batch}; validation after each epoch:",
+             "epoch   loss  accuracy  macro-F1"]
+    lines += [f"{e['epoch']:5d} {e['validation_loss']:6.3f} {e['accuracy']:9.3f} "
+              f"{e['macro_f1']:9.3f}" for e in epochs_log]
+    return "\n".join(lines)
+
+
 def _atomic_json(path: Path, payload: object) -> None:
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     temporary.write_text(json.dumps(payload, indent=1))
@@ -147,11 +159,12 @@ def run(arguments: argparse.Namespace) -> dict:
     windows_per_epoch = -(-len(sampler) // (arguments.micro_batch_size
                                             * arguments.accumulation_steps))
     optimizer = torch.optim.AdamW(model.parameters(), lr=arguments.lr)
+    warmup = (arguments.warmup_steps if arguments.warmup_steps is not None
+              else math.ceil(arguments.epochs * windows_per_epoch / 10))
     trainer = AccumulationTrainer(
         model, bert_classification_loss, optimizer,
         accumulation_steps=arguments.accumulation_steps,
-        scheduler=warmup_then_linear(optimizer, arguments.warmup_steps,
-                                     arguments.epochs * windows_per_epoch),
+        scheduler=warmup_then_linear(optimizer, warmup, arguments.epochs * windows_per_epoch),
         max_grad_norm=arguments.max_grad_norm, amp_dtype=AMP[arguments.amp],
         progress=not arguments.no_progress and ctx.is_main)
     # checkpoints and exact resume around the engine; the flags that define the run must match
@@ -196,6 +209,8 @@ def run(arguments: argparse.Namespace) -> dict:
             resumable.save_checkpoint(checkpoint)
             if ctx.is_main:
                 _atomic_json(directory / EPOCHS_LOG, epochs_log)
+    if ctx.is_main:
+        print(summary(epochs_log, trainer.optimizer_steps, effective), flush=True)
     log = {
         "world_size": ctx.world_size, "backend": ctx.backend,
         "accumulation_steps": arguments.accumulation_steps,
