@@ -9,8 +9,13 @@ STAMP := $(VENV)/.installed-stamp
 # re-executing them anywhere reproduces the committed outputs.
 NOTEBOOK_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 GRADACCUM_PROFILE=ci
 LAB_PORT ?= 8888
+# JupyterLab's own defaults for this venv's Lab only (jupyter/lab-overrides.json: no "receive
+# official Jupyter news?" pop-up). Lab reads <sys.prefix>/share/jupyter/lab/settings/
+# overrides.d/*.json; the user's settings (~/.jupyter) are not touched and still win.
+LAB_SETTINGS ?= $(VENV)/share/jupyter/lab/settings
+LAB_OVERRIDES := $(LAB_SETTINGS)/overrides.d/gradaccum.json
 
-.PHONY: setup lab test test-browser notebooks lint bench gpu-check clean doctor site
+.PHONY: setup lab lab-settings test test-browser notebooks lint bench gpu-check clean doctor site
 
 setup: $(STAMP)
 
@@ -22,13 +27,18 @@ $(STAMP): pyproject.toml
 # The notebooks are trusted first (signatures go to Jupyter's local database, the files are not
 # written), so that JupyterLab draws their stored widgets before anything runs. The profile is
 # the committed outputs' (`ci`) unless GRADACCUM_PROFILE says otherwise.
-lab: $(STAMP)
+lab: $(STAMP) $(LAB_OVERRIDES)
 	@$(VENV)/bin/jupyter trust notebooks/*.ipynb
 	@profile="$${GRADACCUM_PROFILE:-ci}"; echo "make lab: GRADACCUM_PROFILE=$$profile" \
 		"(ci = the committed outputs' sizes; GRADACCUM_PROFILE=cpu|gpu make lab for others)"
 	GRADACCUM_PROFILE="$${GRADACCUM_PROFILE:-ci}" $(VENV)/bin/jupyter lab \
 		--notebook-dir=notebooks --port=$(LAB_PORT) --no-browser \
 		$$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+
+lab-settings: $(LAB_OVERRIDES)
+
+$(LAB_OVERRIDES): jupyter/lab-overrides.json
+	@mkdir -p $(@D) && cp $< $@
 
 # What is set up and what is missing, one line per check (no install: it runs before one too)
 doctor:

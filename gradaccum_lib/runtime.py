@@ -61,15 +61,16 @@ class Profile:
     bert_heads: int
     emr_train_notes: int  # EMR notes used for training in the case study
     emr_epochs: int
+    emr_lr: float  # AdamW's peak learning rate for the case study (a wider model needs less)
 
 
 PROFILES: dict[str, Profile] = {
     "ci": Profile("ci", 64, 16, 32, 4, 24, 50, 200, 256, 512, 200, 5, 5,
-                  128, 64, 2, 2, 2000, 8),
+                  128, 64, 2, 2, 2000, 8, 3e-3),
     "cpu": Profile("cpu", 256, 32, 64, 4, 48, 200, 1000, 512, 1024, 1000, 8, 9,
-                   256, 128, 2, 4, 2000, 8),
+                   256, 128, 2, 4, 2000, 8, 1e-3),
     "gpu": Profile("gpu", 4096, 128, 512, 8, 256, 5000, 4000, 4096, 4096, 8200, 20, 15,
-                   512, 256, 4, 4, 2000, 20),
+                   512, 256, 4, 4, 2000, 20, 1e-3),
 }
 
 

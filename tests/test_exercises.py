@@ -1,4 +1,5 @@
-"""The exercises' checkers: None passes with a note, the right answer passes, a wrong one fails;
+"""The exercises' checkers: None passes with a note, the right answer passes with ✓, a wrong one
+fails with ✗, the answer expected and a hint, shown in a real kernel without a traceback;
 every notebook ends with exercises whose solutions are in notebooks/solutions/."""
 
 from __future__ import annotations
@@ -75,10 +76,16 @@ def test_checker(exercise_id: str, capsys: pytest.CaptureFixture[str]) -> None:
     right, wrong, context = CASES[exercise_id]
     assert check_exercise(exercise_id, None, **context) is None
     assert "no answer yet" in capsys.readouterr().out
-    assert check_exercise(exercise_id, right, **context) is True
-    assert f"Exercise {exercise_id}: correct." in capsys.readouterr().out
-    with pytest.raises(WrongAnswer):
+    assert check_exercise(exercise_id, right, **context) is None  # no `Out:` in a notebook
+    assert capsys.readouterr().out.startswith(f"✓ Exercise {exercise_id}: correct. ")
+    with pytest.raises(WrongAnswer) as wrong_answer:
         check_exercise(exercise_id, wrong, **context)
+    lines = str(wrong_answer.value).splitlines()
+    assert len(lines) == 3 and lines[0].startswith(f"✗ Exercise {exercise_id} (")
+    assert lines[1] == f"Expected: {EXERCISES[exercise_id].expects}."
+    assert lines[2].startswith("Hint: ") and len(lines[2]) > len("Hint: ") + 10
+    assert wrong_answer.value._render_traceback_() == lines  # what IPython shows instead
+    assert wrong_answer.value.__cause__ is None and wrong_answer.value.__suppress_context__
 
 
 def test_bad_answers_are_refused_with_a_message() -> None:
@@ -105,6 +112,19 @@ def _exercise_ids(path: Path) -> list[str]:
             for match in CHECK.findall("".join(cell["source"]))]
 
 
+def test_every_name_a_notebook_imports_from_the_exercises_is_there() -> None:
+    from gradaccum_lib.notebook import exercises
+
+    imported = {name.strip() for path in NOTEBOOKS.glob("**/*.ipynb")
+                for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]
+                for names in re.findall(r"from gradaccum_lib\.notebook\.exercises import "
+                                        r"([\w, ]+)", "".join(cell["source"]))
+                for name in names.split(",")}
+    assert {"check_exercise", "BERT_BASE_CHINESE", "GIB"} <= imported
+    assert imported <= set(exercises.__all__)
+    assert all(hasattr(exercises, name) for name in imported)
+
+
 @pytest.mark.parametrize("notebook", sorted(NOTEBOOKS.glob("0*.ipynb")), ids=lambda p: p.name)
 def test_every_notebook_ends_with_exercises_and_their_solutions(notebook: Path) -> None:
     ids = _exercise_ids(notebook)
@@ -117,3 +137,64 @@ def test_every_notebook_ends_with_exercises_and_their_solutions(notebook: Path) 
     # the notebook's cells hold no answers: every `answer =` line there is `answer = None`
     source = "\n".join("".join(c["source"]) for c in json.loads(notebook.read_text())["cells"])
     assert re.findall(r"^answer = (.*)$", source, re.M) == ["None  # your answer"] * len(ids)
+
+
+# ---- in a real kernel: what a reader sees under the checker cell ----------------------------
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    from jupyter_client.manager import start_new_kernel
+
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(NOTEBOOKS),
+                                       startup_timeout=120)
+    try:
+        yield client
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def _execute(client, code: str) -> tuple[str, list[dict]]:  # noqa: ANN001
+    """Run ``code`` in the kernel; return the reply's status and the cell's iopub outputs."""
+    outputs: list[dict] = []
+
+    def keep(message: dict) -> None:
+        if message["msg_type"] in {"stream", "error", "execute_result", "display_data"}:
+            outputs.append({"type": message["msg_type"], **message["content"]})
+
+    reply = client.execute_interactive(code, output_hook=keep, timeout=180)
+    return reply["content"]["status"], outputs
+
+
+def test_in_a_kernel_a_wrong_answer_is_one_short_message_without_a_traceback(kernel) -> None:
+    status, outputs = _execute(kernel, "from gradaccum_lib.notebook.exercises import "
+                                       "check_exercise")
+    assert status == "ok", outputs
+    status, outputs = _execute(kernel, 'answer = 32\ncheck_exercise("04.1", answer)')
+    assert status == "error"  # it still raises: a solution notebook fails under nbval
+    assert [output["type"] for output in outputs] == ["error"], outputs
+    error = outputs[0]
+    assert error["ename"] == "WrongAnswer"
+    lines = [ANSI.sub("", line) for entry in error["traceback"] for line in entry.splitlines()]
+    assert not [line for line in lines if "exercises.py" in line or "checkers.py" in line
+                or "Traceback" in line or "File " in line], lines
+    assert lines == [
+        "✗ Exercise 04.1 (k for 256 samples on 8 GPUs): not right yet.",
+        f"Expected: {EXERCISES['04.1'].expects}.",
+        "Hint: k=32 gives 1024 samples",
+    ]
+
+
+def test_in_a_kernel_a_right_answer_prints_a_tick_and_no_out_line(kernel) -> None:
+    status, outputs = _execute(kernel, "from gradaccum_lib.notebook.exercises import "
+                                       "check_exercise")
+    assert status == "ok", outputs
+    status, outputs = _execute(kernel, 'answer = 8\ncheck_exercise("04.1", answer)')
+    assert status == "ok", outputs
+    assert [output["type"] for output in outputs] == ["stream"], outputs
+    assert outputs[0]["name"] == "stdout"
+    assert outputs[0]["text"] == ("✓ Exercise 04.1: correct. k = 8: 4 per GPU x 8 GPUs x 8 = "
+                                  "256 samples per optimizer step\n")

@@ -1,4 +1,5 @@
-"""The explorer widget redraws from plan_accumulation; the memory and curve figures."""
+"""The explorer widget redraws from plan_accumulation; the memory and curve figures; a redrawn
+figure is shown at its own size with twice as many pixels (sharp on a high-density screen)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ from matplotlib.figure import Figure
 from gradaccum_lib.measure.memory import memory_budget
 from gradaccum_lib.measure.planning import StepTimeModel, plan_accumulation
 from gradaccum_lib.notebook.plots import plot_accumulation_plan, plot_curves, plot_memory_breakdown
-from gradaccum_lib.notebook.widgets import accumulation_explorer, describe_plan, figure_png
+from gradaccum_lib.notebook.widgets import (
+    CSS_DPI,
+    accumulation_explorer,
+    describe_plan,
+    figure_png,
+    show_figure,
+)
 
 STEP_TIME = StepTimeModel(overhead_per_micro_step=0.002, seconds_per_sample=0.0001)
 
@@ -91,3 +98,57 @@ def test_every_slider_spans_most_of_the_notebook_width():
     assert all((s.layout.width, s.layout.max_width) == (SLIDER_WIDTH, SLIDER_MAX_WIDTH)
                for s in sliders)
     assert SLIDER_WIDTH.endswith("%") and int(SLIDER_MAX_WIDTH.removesuffix("px")) >= 600
+
+
+def _png_size(png: bytes) -> tuple[int, int]:
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and png[12:16] == b"IHDR"
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+
+def _figure_explorers():
+    from gradaccum_lib.measure.cluster import TransformerActivations, TransformerShape
+    from gradaccum_lib.notebook.widgets import cluster_explorer, ddp_time_explorer
+
+    shape = TransformerShape(params_outside=10**6, params_per_layer=10**5,
+                             activations=TransformerActivations(1, 1, 1, 1, 1))
+    return {
+        "accumulation": accumulation_explorer(
+            num_parameters=10_000, activation_bytes_per_sample=4096.0, step_time=STEP_TIME,
+            accumulation_steps=4, micro_batch_size=16),
+        "ddp": ddp_time_explorer(0.001, comm_share=0.6, accumulation_steps=8),
+        "cluster": cluster_explorer({"fp32": (shape, "fp32")}, num_layers=4,
+                                    sequence_length=64, micro_batch_size=2,
+                                    accumulation_steps=2, world_size=2, device_bytes=2**30),
+    }
+
+
+@pytest.mark.parametrize("name", ["accumulation", "ddp", "cluster"])
+def test_a_widget_figure_has_twice_the_pixels_of_its_displayed_size(name):
+    """The notebook 05 figure was a 360 x 306 PNG stretched to 964 x 819 CSS pixels: now the
+    Image is given its CSS size (so a VBox does not stretch it) and a PNG twice as large."""
+    from ipywidgets import widgets as ipw
+
+    explorer = _figure_explorers()[name]
+    (image,) = [child for child in explorer.children if isinstance(child, ipw.Image)]
+    slider = next(child for child in explorer.children if isinstance(child, ipw.IntSlider))
+    for value in (slider.value, slider.min):  # as built, and redrawn by a slider
+        slider.value = value
+        shown = int(image.width), int(image.height)
+        pixels = _png_size(bytes(image.value))
+        assert 300 <= shown[0] <= 800 and 250 <= shown[1] <= 400, shown  # on a notebook page
+        assert pixels[0] >= 2 * shown[0] and pixels[1] >= 2 * shown[1], (pixels, shown)
+        assert abs(pixels[0] / pixels[1] - shown[0] / shown[1]) < 0.01  # not distorted
+        assert image.layout.max_width == "100%"  # shrinks in proportion on a narrow page
+
+
+def test_show_figure_sizes_the_image_as_the_figure_at_the_browsers_dpi():
+    from ipywidgets import widgets as ipw
+
+    figure = plot_curves({"a": [1.0, 2.0]}, xlabel="x", ylabel="y")
+    image = ipw.Image(format="png")
+    show_figure(image, figure)
+    width, height = figure.get_size_inches() * CSS_DPI  # 6.4 x 3.6 in: 614.4 x 345.6
+    assert abs(int(image.width) - width) <= 1 and abs(int(image.height) - height) <= 1
+    pixels = _png_size(bytes(image.value))
+    assert pixels == _png_size(figure_png(figure))
+    assert pixels[0] >= 2 * int(image.width) and pixels[1] >= 2 * int(image.height)

@@ -1,2 +1,3 @@
 """Notebook furniture: figures, returned and never saved (``plots``); sliders bound to pure
-functions (``widgets``); exercise checkers (``exercises``)."""
+functions (``widgets``); the exercises (``exercises``) and their checkers (``checkers``), which
+compute the truth with the library and answer with one line, never a traceback."""

@@ -4,319 +4,109 @@ Each notebook ends with exercises. A reader writes an answer into ``answer`` and
 checker cell, ``check_exercise("02.1", answer)``:
 
 * with ``answer = None`` (not attempted yet) the checker says so and passes;
-* with a right answer it prints what was checked and returns True;
-* with a wrong one it raises :class:`WrongAnswer` (an ``AssertionError``) saying what is off.
+* with a right answer it prints ``✓``, what was checked and the true value, and returns None
+  (so a notebook shows no ``Out:`` line);
+* with a wrong one it raises :class:`WrongAnswer` (an ``AssertionError``, so a solution notebook
+  fails under nbval), whose message is three lines: ``✗`` and the exercise, what answer was
+  expected in words, and a hint. IPython shows that message alone, without a traceback.
 
-Every checker computes the true answer itself, by running the library (the budget model,
-the engine, the ground truth, a real ``DistributedSampler``, the real 🤗 ``Trainer``...), never
-from a stored value. The worked solutions live in ``notebooks/solutions/`` and are executed
-and checked by nbval in ``make test``, like the notebooks.
+Every checker (in :mod:`gradaccum_lib.notebook.checkers`) computes the true answer itself, by
+running the library (the budget model, the engine, the ground truth, a real
+``DistributedSampler``, the real 🤗 ``Trainer``...), never from a stored value. The worked
+solutions live in ``notebooks/solutions/`` and are executed and checked by nbval in ``make
+test``, like the notebooks.
 """
 
 from __future__ import annotations
 
-import copy
-import math
-import os
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler
+from .checkers import (
+    BERT_BASE_CHINESE,
+    GIB,
+    WrongAnswer,
+    allreduce_bytes,
+    bert_base_parameters,
+    ddp_effective_batch,
+    decomposing_loss,
+    engine_steps,
+    find_the_bug,
+    fit_a_gpu,
+    forgot_to_divide,
+    global_normaliser,
+    k_for_the_cluster,
+    mean_of_means_weight,
+    sqrt_learning_rate,
+    steps_per_epoch,
+    trainer_factor,
+)
 
-from ..accumulation import AccumulationTrainer
-from ..audits.frameworks import hf_trainer_step
-from ..batches import split_into_micro_batches, windows_of
-from ..equivalence import accumulated_gradients, audit_update, full_batch_gradients
-from ..gradients import max_gradient_difference
-from ..losses import bert_classification_loss, sample_classification_loss
-from ..measure.comm import CommCounter
-from ..measure.noise import scaled_learning_rate
-from ..measure.planning import accumulation_steps_for, max_micro_batch_size
-from ..workloads.models import TokenTagger, count_bert_parameters, make_mlp, make_tiny_bert
-
-__all__ = ["BERT_BASE_CHINESE", "EXERCISES", "WrongAnswer", "check_exercise"]
-
-GIB = 1024**3
-# bert-base-chinese's published configuration (its config.json on the Hugging Face Hub)
-BERT_BASE_CHINESE: dict[str, int] = {
-    "vocab_size": 21128, "hidden_size": 768, "num_hidden_layers": 12,
-    "num_attention_heads": 12, "intermediate_size": 3072, "max_position_embeddings": 512,
-    "type_vocab_size": 2,
-}
-
-
-class WrongAnswer(AssertionError):
-    """A reader's answer that the checker computed to be wrong (the message says how)."""
+# BERT_BASE_CHINESE and GIB: the notebooks' exercise cells import them from here
+__all__ = ["BERT_BASE_CHINESE", "EXERCISES", "GIB", "Exercise", "WrongAnswer", "check_exercise"]
 
 
 @dataclass(frozen=True)
 class Exercise:
     title: str
+    expects: str  # the answer wanted, in words (never its value)
     checker: Callable[..., str]  # checker(answer, **context) -> what was checked; raises if wrong
 
 
-def _number(answer: object, label: str) -> float:
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        raise WrongAnswer(f"{label} must be a number; got {type(answer).__name__} {answer!r}")
-    return float(answer)
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise WrongAnswer(message)
-
-
-# ---- 00: the article ----------------------------------------------------------------------
-
-def _bert_base_parameters(answer: object) -> str:
-    millions = count_bert_parameters(BERT_BASE_CHINESE, num_labels=2) / 1e6
-    given = _number(answer, "answer (millions of parameters)")
-    _require(abs(given - millions) <= 1.0,
-             f"{given:g}M is not within 1M of the count; count the embeddings (vocabulary x "
-             "hidden), then 12 layers of attention (4 h x h) and feed-forward (2 h x 4h)")
-    return f"bert-base-chinese with a 2-class head has {millions:.2f}M parameters"
-
-
-def _ddp_effective_batch(answer: object) -> str:
-    micro, k, world = 32, 8, 8
-    seen = 0
-    for rank in range(world):  # what each rank's loader feeds into its first window
-        sampler = DistributedSampler(range(100_000), num_replicas=world, rank=rank,
-                                     shuffle=False)
-        loader = DataLoader(range(100_000), batch_size=micro, sampler=sampler)
-        seen += sum(len(batch) for batch in next(windows_of(loader, k)))
-    _require(_number(answer, "answer (samples)") == seen,
-             f"{answer} is not it: under DDP every one of the {world} ranks runs the whole loop "
-             "on its own share of the data")
-    return (f"one optimizer step sees {seen} samples: {micro} per micro-batch x k={k} x "
-            f"{world} ranks")
-
-
-# ---- 01: the math -------------------------------------------------------------------------
-
-def _sgd_step_error(loop: Callable, accumulation_steps: int, seed: int) -> tuple[float, float]:
-    """Run ``loop(model, SGD(lr=1), micro_batches, k)`` for one window of a toy problem;
-    return the largest difference of its update from the large batch's step, and the ratio of
-    the two updates' norms."""
-    inputs = torch.randn(16, 5, generator=torch.Generator().manual_seed(seed),
-                         dtype=torch.float64)
-    labels = torch.arange(16) % 3
-    micro_batches = split_into_micro_batches((inputs, labels),
-                                             accumulation_steps=accumulation_steps)
-    model = make_mlp(5, 8, 3, seed=0)
-    truth = {name: -g for name, g in
-             full_batch_gradients(model, sample_classification_loss, (inputs, labels)).items()}
-    candidate = copy.deepcopy(model)
-    loop(candidate, torch.optim.SGD(candidate.parameters(), lr=1.0), micro_batches,
-         accumulation_steps)
-    before = dict(model.named_parameters())
-    update = {n: p.detach() - before[n].detach() for n, p in candidate.named_parameters()}
-    norm = (torch.cat([u.reshape(-1) for u in update.values()]).norm()
-            / torch.cat([t.reshape(-1) for t in truth.values()]).norm()).item()
-    return max_gradient_difference(update, truth), norm
-
-
-def _find_the_bug(answer: object, *, loops: Mapping[str, Callable]) -> str:
-    wrong = [name for name, loop in loops.items() if _sgd_step_error(loop, 4, 0)[0] > 1e-10]
-    _require(answer in loops, f"answer must be one of {sorted(loops)}; got {answer!r}")
-    _require([answer] == wrong, f"loop {answer} takes the large-batch step; look again")
-    return f"loop {answer} is the only one whose step differs from the large batch's"
-
-
-def _decomposing_loss(answer: object) -> str:
-    _require(callable(answer), "answer must be a loss function (model, batch) -> (sum, count)")
-    model = TokenTagger(20, 6, 4, seed=0)
-    generator = torch.Generator().manual_seed(1)
-    input_ids = torch.randint(1, 20, (6, 9), generator=generator)
-    labels = torch.randint(0, 4, (6, 9), generator=generator)
-    for row, length in enumerate((9, 2, 5, 1, 7, 3)):  # very uneven real lengths
-        input_ids[row, length:], labels[row, length:] = 0, -100
-    batch = {"input_ids": input_ids, "labels": labels}
-    mask = labels != -100
-
-    def token_mean(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple:
-        logits = model(batch["input_ids"])
-        return nn.functional.cross_entropy(logits[mask], labels[mask]), 1
-
-    truth = full_batch_gradients(model, token_mean, batch)
-    micro = [{"input_ids": input_ids[i:i + 2], "labels": labels[i:i + 2]} for i in (0, 2, 4)]
-    error = max_gradient_difference(accumulated_gradients(model, answer, micro), truth)
-    _require(error <= 1e-10, f"accumulating your loss over 3 micro-batches is {error:.2e} "
-                             "away from the token mean of the whole batch")
-    return f"your loss decomposes: accumulated = whole-batch token mean to {error:.1e}"
-
-
-# ---- 02: one device -----------------------------------------------------------------------
-
-def _fit_a_gpu(answer: object) -> str:
-    _require(isinstance(answer, tuple) and len(answer) == 2,
-             f"answer must be a pair (micro_batch_size, k); got {answer!r}")
-    parameters = count_bert_parameters(BERT_BASE_CHINESE, num_labels=10)
-    micro = max_micro_batch_size(16 * GIB, parameters, 1.1 * GIB, optimizer="adamw",
-                                 precision="fp32", reserved_bytes=1 * GIB)
-    k = accumulation_steps_for(256, micro)
-    _require(answer[0] == micro, f"micro-batch {answer[0]} is not the largest that fits: "
-                                 "subtract 16 bytes per parameter (AdamW, fp32) and the reserve")
-    _require(answer[1] == k, f"k={answer[1]} is not the smallest with {micro} x k >= 256")
-    return f"micro-batch {micro} fits, and k = {k} gives {micro * k} samples per step"
-
-
-def _forgot_to_divide(answer: object, *, loop: Callable) -> str:
-    _, ratio = _sgd_step_error(loop, 4, 2)
-    _require(abs(_number(answer, "answer (ratio)") - ratio) <= 1e-6 * ratio,
-             f"{answer} is not the measured ratio")
-    return f"the update is {ratio:.6f} x the large batch's: k times too large"
-
-
-# ---- 03: tokens ---------------------------------------------------------------------------
-
-def _mean_of_means_weight(answer: object) -> str:
-    token_losses = torch.rand(40, dtype=torch.float64, requires_grad=True)
-    mean_of_means = (token_losses[:10].mean() + token_losses[10:].mean()) / 2
-    (mean_of_means_weights,) = torch.autograd.grad(mean_of_means, token_losses)
-    (true_weights,) = torch.autograd.grad(token_losses.mean(), token_losses)
-    ratio = (mean_of_means_weights[0] / true_weights[0]).item()
-    _require(abs(_number(answer, "answer (ratio)") - ratio) <= 1e-9,
-             f"{answer} is not the weight ratio; write both means as weights on each token")
-    return f"each token of the short micro-batch weighs {ratio:g} x its true weight"
-
-
-def _global_normaliser(answer: object) -> str:
-    counts = {0: (120, 40), 1: (80, 10)}
-    token_losses = torch.rand(sum(map(sum, counts.values())), dtype=torch.float64,
-                              requires_grad=True)
-    given = _number(answer, "answer (divisor)")
-    _require(given > 0, "a divisor must be positive")
-    per_rank, start = [], 0
-    for rank_counts in counts.values():  # each rank divides its own sum by the answer
-        size = sum(rank_counts)
-        per_rank.append(token_losses[start:start + size].sum() / given)
-        start += size
-    (ranks,) = torch.autograd.grad(sum(per_rank) / len(counts), token_losses)  # DDP averages
-    (truth,) = torch.autograd.grad(token_losses.mean(), token_losses)
-    _require(torch.allclose(ranks, truth, rtol=1e-12, atol=0),
-             f"dividing by {given:g} gives each token weight {ranks[0].item():.3g}, not "
-             f"{truth[0].item():.3g}; remember DDP averages the ranks' gradients")
-    return (f"dividing by {given:g} = {sum(map(sum, counts.values()))} window tokens / "
-            f"{len(counts)} ranks on each rank, then DDP's average over ranks, gives every "
-            "token the weight of the window's token mean")
-
-
-# ---- 04: the case study -------------------------------------------------------------------
-
-def _k_for_the_cluster(answer: object) -> str:
-    k = accumulation_steps_for(256, 4, world_size=8)
-    _require(_number(answer, "answer (k)") == k, f"k={answer} gives {4 * 8 * answer} samples")
-    return f"k = {k}: 4 per GPU x 8 GPUs x {k} = {4 * 8 * k} samples per optimizer step"
-
-
-def _trainer_factor(answer: object) -> str:
-    model = make_tiny_bert(30, 2, hidden_size=16, num_layers=1, num_heads=2, max_length=16)
-    generator = torch.Generator().manual_seed(3)
-    micro_batches = [{"input_ids": torch.randint(1, 30, (2, 8), generator=generator),
-                      "attention_mask": torch.ones(2, 8, dtype=torch.long),
-                      "labels": torch.randint(0, 2, (2,), generator=generator)}
-                     for _ in range(4)]
-    result = audit_update(hf_trainer_step(4), model, bert_classification_loss, micro_batches,
-                          lambda parameters: torch.optim.SGD(parameters, lr=0.1))
-    _require(abs(_number(answer, "answer (ratio)") - result.norm_ratio) <= 1e-3,
-             f"{answer} is not the measured ratio")
-    return f"the Trainer's SGD update is {result.norm_ratio:.4f} x the true one"
-
-
-# ---- 05: DDP ------------------------------------------------------------------------------
-
-def _allreduce_bytes(answer: object) -> str:
-    model = make_mlp(10, 32, 4, seed=0)
-    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    with tempfile.TemporaryDirectory() as folder:
-        store = dist.FileStore(os.path.join(folder, "store"), 1)
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-        try:
-            ddp = DistributedDataParallel(model)
-            counter = CommCounter()
-            counter.register(ddp)
-            trainer = AccumulationTrainer(ddp, sample_classification_loss,
-                                          torch.optim.SGD(ddp.parameters(), lr=0.1),
-                                          accumulation_steps=4, progress=False)
-            inputs = torch.randn(48, 10, generator=torch.Generator().manual_seed(4),
-                                 dtype=torch.float64)
-            trainer.train_epoch(split_into_micro_batches((inputs, torch.arange(48) % 4),
-                                                        micro_batch_size=4))
-            sent = counter.take()["bytes"]
-        finally:
-            dist.destroy_process_group()
-    _require(_number(answer, "answer (bytes)") == sent,
-             f"{answer} bytes is not what DDP handed to all-reduce")
-    return (f"{sent} bytes = 3 windows x {parameter_bytes} bytes of gradients: one all-reduce "
-            "per window, whatever k")
-
-
-def _steps_per_epoch(answer: object) -> str:
-    steps = 0
-    sampler = DistributedSampler(range(50), num_replicas=2, rank=0, shuffle=False)
-    for _window in windows_of(DataLoader(range(50), batch_size=4, sampler=sampler), 2):
-        steps += 1
-    _require(_number(answer, "answer (optimizer steps)") == steps,
-             f"{answer} is not the number of windows rank 0 sees")
-    return (f"rank 0 gets {len(sampler)} samples, {math.ceil(len(sampler) / 4)} micro-batches, "
-            f"{steps} windows: {steps} optimizer steps (the last window is partial)")
-
-
-# ---- 06: beyond ---------------------------------------------------------------------------
-
-def _sqrt_learning_rate(answer: object) -> str:
-    lr = scaled_learning_rate(2e-5, 32, 256, "sqrt")
-    _require(abs(_number(answer, "answer (learning rate)") - lr) <= 1e-3 * lr,
-             f"{answer} is not the square-root rule's learning rate")
-    return f"the square-root rule gives {lr:.4g} for an effective batch of 256"
-
-
-def _engine_steps(answer: object) -> str:
-    model = make_mlp(4, 6, 2, seed=0)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    trainer = AccumulationTrainer(model, sample_classification_loss, optimizer,
-                                  accumulation_steps=4, scheduler=scheduler, progress=False)
-    inputs = torch.randn(20, 4, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-    trainer.train_epoch(split_into_micro_batches((inputs, torch.arange(20) % 2),
-                                                micro_batch_size=2))
-    steps = trainer.optimizer_steps
-    _require(scheduler.last_epoch == steps, "the scheduler and optimizer counts disagree")
-    _require(_number(answer, "answer (optimizer steps)") == steps,
-             f"{answer} is not the number of optimizer steps the engine took")
-    return f"10 micro-batches with k = 4: {steps} optimizer and scheduler steps"
-
-
 EXERCISES: dict[str, Exercise] = {
-    "00.1": Exercise("parameters of bert-base-chinese, in millions", _bert_base_parameters),
-    "00.2": Exercise("samples per optimizer step under DDP", _ddp_effective_batch),
-    "01.1": Exercise("find the loop whose step is wrong", _find_the_bug),
-    "01.2": Exercise("make a token loss decompose", _decomposing_loss),
-    "02.1": Exercise("the micro-batch and k for a 16 GiB GPU", _fit_a_gpu),
-    "02.2": Exercise("the update of a loop that never divides by k", _forgot_to_divide),
-    "03.1": Exercise("a token's weight in the mean of micro-batch means", _mean_of_means_weight),
-    "03.2": Exercise("the divisor on each DDP rank", _global_normaliser),
-    "04.1": Exercise("k for 256 samples on 8 GPUs", _k_for_the_cluster),
-    "04.2": Exercise("the 🤗 Trainer's update against the truth", _trainer_factor),
-    "05.1": Exercise("bytes DDP all-reduces in an epoch", _allreduce_bytes),
-    "05.2": Exercise("optimizer steps per epoch under DistributedSampler", _steps_per_epoch),
-    "06.1": Exercise("the square-root learning-rate rule", _sqrt_learning_rate),
-    "06.2": Exercise("optimizer steps for an epoch with a partial window", _engine_steps),
+    "00.1": Exercise("parameters of bert-base-chinese, in millions",
+                     "the parameters of bert-base-chinese with a 2-class head, in millions (±1M)",
+                     bert_base_parameters),
+    "00.2": Exercise("samples per optimizer step under DDP",
+                     "the samples in one optimizer step: micro-batches of 32, k = 8, 8 DDP ranks",
+                     ddp_effective_batch),
+    "01.1": Exercise("find the loop whose step is wrong",
+                     'the name of the loop whose step is not the large batch\'s, "A" or "B"',
+                     find_the_bug),
+    "01.2": Exercise("make a token loss decompose",
+                     "a loss function (model, batch) -> (summed loss, number of real tokens) "
+                     "that accumulates to the whole batch's token mean", decomposing_loss),
+    "02.1": Exercise("the micro-batch and k for a 16 GiB GPU",
+                     "a pair (micro_batch, k): the largest micro-batch that fits, and the "
+                     "smallest k reaching 256 samples", fit_a_gpu),
+    "02.2": Exercise("the update of a loop that never divides by k",
+                     "a number: how many times the large batch's update the loop's update is",
+                     forgot_to_divide),
+    "03.1": Exercise("a token's weight in the mean of micro-batch means",
+                     "a number: a short micro-batch token's weight in the mean of micro-batch "
+                     "means, over its weight in the window's token mean", mean_of_means_weight),
+    "03.2": Exercise("the divisor on each DDP rank",
+                     "the number each rank divides its summed token loss by, so that DDP's "
+                     "average is the window's token mean", global_normaliser),
+    "04.1": Exercise("k for 256 samples on 8 GPUs",
+                     "the smallest k with 4 per GPU x 8 GPUs x k >= 256 samples",
+                     k_for_the_cluster),
+    "04.2": Exercise("the 🤗 Trainer's update against the truth",
+                     "a number: how many times the true update the Trainer's SGD update is",
+                     trainer_factor),
+    "05.1": Exercise("bytes DDP all-reduces in an epoch",
+                     "the bytes of gradients DDP hands to all-reduce on one rank over the epoch",
+                     allreduce_bytes),
+    "05.2": Exercise("optimizer steps per epoch under DistributedSampler",
+                     "the optimizer steps of one epoch: 50 samples, 2 ranks, micro-batches of 4, "
+                     "k = 2", steps_per_epoch),
+    "06.1": Exercise("the square-root learning-rate rule",
+                     "the square-root rule's learning rate for a batch of 256, from 2e-5 at 32",
+                     sqrt_learning_rate),
+    "06.2": Exercise("optimizer steps for an epoch with a partial window",
+                     "the optimizer (and scheduler) steps of 10 micro-batches with k = 4",
+                     engine_steps),
 }
 
 
-def check_exercise(exercise_id: str, answer: object, **context: object) -> bool | None:
+def check_exercise(exercise_id: str, answer: object, **context: object) -> None:
     """Grade ``answer`` to exercise ``exercise_id`` (e.g. ``"02.1"``).
 
-    Returns None (and says so) when ``answer`` is None, True when the computed check passes;
-    raises :class:`WrongAnswer` when it does not. ``context`` passes what an exercise needs
-    from its notebook cell (01.1: ``loops={"A": ..., ...}``; 02.2: ``loop=...``).
+    With ``answer`` None it says that there is no answer yet; with a right answer it prints
+    ``✓`` and the true value. Either way it returns None. A wrong answer raises
+    :class:`WrongAnswer`: ``✗``, the answer expected in words, and a hint. ``context`` passes
+    what an exercise needs from its notebook cell (01.1: ``loops={"A": ..., ...}``; 02.2:
+    ``loop=...``).
     """
     if exercise_id not in EXERCISES:
         raise KeyError(f"no exercise {exercise_id!r}; known: {sorted(EXERCISES)}")
@@ -324,6 +114,10 @@ def check_exercise(exercise_id: str, answer: object, **context: object) -> bool 
     if answer is None:
         print(f"Exercise {exercise_id} ({exercise.title}): no answer yet. Set `answer` in the "
               "cell above and run this cell again; the solution is in notebooks/solutions/.")
-        return None
-    print(f"Exercise {exercise_id}: correct. {exercise.checker(answer, **context)}")
-    return True
+        return
+    try:
+        checked = exercise.checker(answer, **context)
+    except WrongAnswer as wrong:  # one short message, not a chain of two tracebacks
+        raise WrongAnswer(f"✗ Exercise {exercise_id} ({exercise.title}): not right yet.\n"
+                          f"Expected: {exercise.expects}.\nHint: {wrong}") from None
+    print(f"✓ Exercise {exercise_id}: correct. {checked}")

@@ -35,6 +35,7 @@ __all__ = [
     "describe_plan",
     "figure_png",
     "learning_rate_explorer",
+    "show_figure",
 ]
 
 
@@ -60,12 +61,38 @@ def _check_slider(label: str, value: object, high: object, high_label: str) -> N
     check_int(label, value, low=1, high=high)
 
 
-def figure_png(figure: Figure) -> bytes:
-    """Return ``figure`` rendered as PNG bytes (in memory; no file is written)."""
+# A redrawn figure is shown at its own size, CSS_DPI CSS pixels to the inch (a browser's 96: a
+# 10-point label shows at 13 CSS pixels, like the notebook's text), from a PNG of PIXEL_RATIO
+# image pixels per CSS pixel, so that a high-density screen (devicePixelRatio 2) shows it as
+# sharp as text. Without a width, an Image in a VBox is stretched to the output's width (a flex
+# column stretches its children): notebook 05's 360 x 306 PNG was shown at 964 x 819, blurred.
+CSS_DPI = 96
+PIXEL_RATIO = 2
+
+
+def figure_png(figure: Figure, *, dpi: float = PIXEL_RATIO * CSS_DPI) -> bytes:
+    """Return ``figure`` rendered as PNG bytes at ``dpi`` (in memory; no file is written)."""
     _check_kind("figure", figure, Figure, "e.g. from gradaccum_lib.notebook.plots")
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=90)
+    figure.savefig(buffer, format="png", dpi=dpi)
     return buffer.getvalue()
+
+
+def _figure_area() -> widgets.Image:
+    """An Image that :func:`show_figure` fills; never wider than the output area (the
+    widgets' CSS keeps ``max-width: 100%; height: auto``, so it shrinks in proportion)."""
+    return widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
+
+
+def show_figure(area: widgets.Image, figure: Figure) -> None:
+    """Show ``figure`` in ``area`` at its size in CSS pixels (figure inches x CSS_DPI), from a
+    PNG with PIXEL_RATIO times as many pixels each way; the image and its size reach the front
+    end in one message."""
+    png = figure_png(figure)
+    # the PNG header's size, rounded down: at least PIXEL_RATIO image pixels per CSS pixel
+    width, height = (int.from_bytes(png[at:at + 4], "big") // PIXEL_RATIO for at in (16, 20))
+    with area.hold_sync():
+        area.value, area.width, area.height = png, str(width), str(height)
 
 
 def describe_plan(plan, without) -> str:  # noqa: ANN001 - AccumulationPlan pair
@@ -109,7 +136,7 @@ def accumulation_explorer(
                              description="micro-batch size", continuous_update=False,
                              style=SLIDER_STYLE, layout=_slider_layout())
     summary = widgets.Label()
-    figure_area = widgets.Image(format="png")
+    figure_area = _figure_area()
 
     def plan(micro: int, k: int):  # noqa: ANN202
         return plan_accumulation(
@@ -122,7 +149,7 @@ def accumulation_explorer(
         chosen = plan(size.value, steps.value)
         without = plan(chosen.effective_batch_size, 1)
         summary.value = describe_plan(chosen, without)
-        figure_area.value = figure_png(plot_accumulation_plan(chosen, without))
+        show_figure(figure_area, plot_accumulation_plan(chosen, without))
 
     steps.observe(redraw, names="value")
     size.observe(redraw, names="value")
@@ -183,7 +210,7 @@ def cluster_explorer(
     precision = widgets.Dropdown(options=list(shapes), value=next(iter(shapes)),
                                  description="precision")
     summary = widgets.Label()
-    figure_area = widgets.Image(format="png")
+    figure_area = _figure_area()
 
     def redraw(_change: object = None) -> None:
         shape, layout = shapes[precision.value]
@@ -193,7 +220,7 @@ def cluster_explorer(
                             reserved_bytes=reserved_bytes, precision=layout)
         summary.value = (f"{shape.num_parameters(layers.value) / 1e6:.0f}M parameters, "
                          + describe_cluster_plan(plan))
-        figure_area.value = figure_png(plot_cluster_plan(plan))
+        show_figure(figure_area, plot_cluster_plan(plan))
 
     for control in (layers, length, devices, micro, steps, precision):
         control.observe(redraw, names="value")
@@ -233,12 +260,12 @@ def ddp_time_explorer(
                                 continuous_update=False, style=SLIDER_STYLE,
                                 layout=_slider_layout())
     summary = widgets.Label()
-    figure_area = widgets.Image(format="png")
+    figure_area = _figure_area()
 
     def redraw(_change: object = None) -> None:
         model = DdpStepModel.from_comm_share(compute_per_micro_step, share.value)
         summary.value = describe_ddp_step(model, steps.value)
-        figure_area.value = figure_png(plot_ddp_step(model, steps.value))
+        show_figure(figure_area, plot_ddp_step(model, steps.value))
 
     steps.observe(redraw, names="value")
     share.observe(redraw, names="value")
