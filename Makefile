@@ -15,7 +15,7 @@ LAB_PORT ?= 8888
 LAB_SETTINGS ?= $(VENV)/share/jupyter/lab/settings
 LAB_OVERRIDES := $(LAB_SETTINGS)/overrides.d/gradaccum.json
 
-.PHONY: setup lab lab-settings test test-browser notebooks lint bench gpu-check clean doctor site
+.PHONY: setup lab lab-settings test test-browser notebooks lint bench gpu-check clean doctor site check-profiles
 
 setup: $(STAMP)
 
@@ -59,6 +59,12 @@ test-browser: $(STAMP)
 
 notebooks: $(STAMP)
 	$(NOTEBOOK_ENV) $(PY) scripts/execute_notebooks.py notebooks/*.ipynb notebooks/solutions/*.ipynb
+
+# Every notebook executed under the laptop sizes, outputs not compared, nothing written: each
+# must run top to bottom with its asserts holding at those sizes too (not in `make test`: long)
+check-profiles: $(STAMP)
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 GRADACCUM_PROFILE=cpu $(PY) scripts/execute_notebooks.py \
+		--check notebooks/*.ipynb notebooks/solutions/*.ipynb
 
 bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/run.py
