@@ -1,25 +1,36 @@
 """A browsable, static HTML edition of the series (`make site` -> build/site/).
 
 Each committed notebook becomes one page with nbconvert's ``lab`` template: its stored outputs
-(figures, tables, printed numbers) and, where the notebook has widgets, the stored widget state
+(figures, tables, printed numbers), a list of its headings (its contents) and, where the
+notebook has widgets, the stored widget state
 (``<script type="application/vnd.jupyter.widget-state+json">``) that the widget manager draws
-sliders from. ``index.html`` links the pages in the order of the README's notebook table, with
-what each notebook proves and its run time taken from that table (parsed, never retyped).
-Nothing is executed: the pages show the committed outputs.
+sliders from. Each worked solution (``notebooks/solutions/*.ipynb``) becomes a page under
+``solutions/``, linked from its notebook's page and from the index. ``index.html`` links the
+pages in the order of the README's notebook table, with what each notebook proves and its run
+time taken from that table (parsed, never retyped; a "(table below)" that points into the
+README is dropped). Nothing is executed: the pages show the committed outputs.
 
-The widgets are drawn by @jupyter-widgets/html-manager, a JavaScript bundle that the page
-loads. ``--widgets`` says from where:
+Links stay inside the folder, so that it can be published as it is: a notebook's link to
+another notebook or to a solution goes to its page; a link to any other file of the repository
+(``../gradaccum_lib/jobs/ddp.py``) goes to a page holding a copy of its text,
+``source/<path>.html``; a link to what is not a file of the repository stops the build.
+Emoji that a browser without an emoji font draws as a box become words (site_pages.EMOJI_TEXT).
 
-* ``cdn``: from unpkg.com and cdnjs (nbconvert's default); the reader needs the internet.
-* ``npm``: fetched once with ``npm pack`` (pinned versions below) into ``build/site-vendor/``
-  and copied next to the pages, so the site works offline (from ``file://`` too).
-* a directory holding ``embed-amd.js`` and ``require.js``: copied next to the pages.
+The widgets are drawn by @jupyter-widgets/html-manager and the formulas typeset by MathJax 3,
+JavaScript that the pages load (site_vendor.py). ``--widgets`` and ``--mathjax`` say from where:
+
+* ``cdn``: from unpkg.com and cdnjs (widgets), cdn.jsdelivr.net (MathJax); the reader needs
+  the internet.
+* ``npm``: fetched once with ``npm pack`` (pinned versions in site_vendor.py) into
+  ``build/site-vendor/`` and copied next to the pages (``_static/``), so the site works
+  offline (from ``file://`` too).
+* a directory holding the files (``embed-amd.js`` and ``require.js``; ``tex-chtml-full.js``
+  and its fonts): copied next to the pages.
 * ``auto`` (the default): the ``build/site-vendor/`` cache if present, else ``npm`` when npm is
   installed and the registry answers, else ``cdn`` (said on stdout).
 
-Formulas are typeset by MathJax, always from cdnjs: offline, the TeX source shows.
-
 Usage: python scripts/build_site.py [--out build/site] [--widgets auto|cdn|npm|DIR]
+                                    [--mathjax auto|cdn|npm|DIR]
 """
 
 from __future__ import annotations
@@ -27,25 +38,34 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import posixpath
 import re
 import shutil
-import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.append(str(Path(__file__).resolve().parent))  # site_pages, site_vendor beside it
+import site_pages  # noqa: E402
+from site_vendor import (  # noqa: E402,F401 - fetch_*, VENDOR_FILES: the tests' entry points
+    MATHJAX_CACHE,
+    MATHJAX_CDN,
+    MATHJAX_ENTRY,
+    VENDOR_CACHE,
+    VENDOR_FILES,
+    copy_static,
+    fetch_mathjax,
+    fetch_widget_files,
+    resolve_mathjax,
+    resolve_widgets,
+)
+
 ROOT = Path(__file__).resolve().parent.parent
-VENDOR_CACHE = ROOT / "build" / "site-vendor"
-# the widget manager that matches ipywidgets 8.1 (widget state version 2), and an AMD loader
-HTML_MANAGER = "@jupyter-widgets/html-manager@1.0.15"
-REQUIREJS = "requirejs@2.3.7"
-VENDOR_FILES = ("embed-amd.js", "require.js")
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 NOTEBOOK_NAME = re.compile(r"\d\d_[a-z0-9_]+\.ipynb")
 TABLE_HEADING = "## The notebooks"
+SOLUTIONS = "solutions"  # the worked solutions' folder, in notebooks/ and in the site
 
 
 @dataclass(frozen=True)
@@ -158,202 +178,146 @@ def has_widgets(notebook: dict) -> bool:
     return WIDGET_STATE in notebook.get("metadata", {}).get("widgets", {})
 
 
-# ---------------------------------------------------------------- the widget manager's files
-
-
-def _npm_pack(package: str, into: Path) -> Path:
-    """``npm pack package`` into ``into``, unpacked; returns the package folder."""
-    result = subprocess.run(["npm", "pack", "--silent", package], cwd=into, capture_output=True,
-                            text=True, timeout=300, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"`npm pack {package}` failed: {result.stderr.strip()[-500:]}")
-    archive = into / result.stdout.strip().splitlines()[-1]
-    target = into / archive.name.removesuffix(".tgz")
-    with tarfile.open(archive) as tar:
-        tar.extractall(target, filter="data")
-    return target / "package"
-
-
-def fetch_widget_files(cache: Path = VENDOR_CACHE) -> Path:
-    """The pinned html-manager (``embed-amd.js`` and its fonts) and ``require.js`` in ``cache``,
-    fetched with ``npm pack`` unless already there. Returns ``cache``."""
-    if all((cache / name).is_file() for name in VENDOR_FILES):
-        return cache
-    if shutil.which("npm") is None:
-        raise RuntimeError("npm is not installed (Debian: apt-get install npm)")
-    with tempfile.TemporaryDirectory() as scratch:
-        manager = _npm_pack(HTML_MANAGER, Path(scratch))
-        requirejs = _npm_pack(REQUIREJS, Path(scratch))
-        partial = cache.with_name(cache.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-        for path in (manager / "dist").iterdir():
-            # the AMD bundle and the icon fonts its CSS loads; not the standalone bundle or maps
-            if path.name == "embed-amd.js" or path.suffix in {".woff2", ".woff", ".ttf", ".eot",
-                                                              ".svg"}:
-                shutil.copy2(path, partial / path.name)
-        shutil.copy2(requirejs / "require.js", partial / "require.js")
-        (partial / "VERSIONS").write_text(f"{HTML_MANAGER}\n{REQUIREJS}\n")
-        shutil.rmtree(cache, ignore_errors=True)
-        partial.rename(cache)  # complete or absent, never half there
-    return cache
-
-
-def resolve_widgets(choice: str, cache: Path = VENDOR_CACHE) -> tuple[Path | None, str]:
-    """The folder of widget files to copy (None: load them from the CDN) and a sentence on it."""
-    if choice == "cdn":
-        return None, "widget JavaScript from unpkg.com and cdnjs (the reader needs the internet)"
-    if choice not in {"auto", "npm"}:
-        folder = Path(choice)
-        absent = [name for name in VENDOR_FILES if not (folder / name).is_file()]
-        if absent:
-            raise ValueError(f"--widgets {choice}: not a folder holding {', '.join(absent)} "
-                             "(or use auto, cdn, npm)")
-        return folder, f"widget JavaScript copied from {folder} (works offline)"
-    try:
-        folder = fetch_widget_files(cache)
-    except (RuntimeError, OSError, subprocess.SubprocessError) as error:
-        if choice == "npm":
-            raise
-        return None, (f"widget JavaScript from unpkg.com and cdnjs: the offline copy could not "
-                      f"be fetched ({error})")
-    return folder, f"widget JavaScript ({HTML_MANAGER}, {REQUIREJS}) next to the pages " \
-                   "(works offline)"
-
-
 # --------------------------------------------------------------------------------- the pages
 
-NAV_STYLE = ("font: 14px/1.6 system-ui, sans-serif; padding: 8px 16px; margin-bottom: 8px; "
-             "border-bottom: 1px solid #ddd; display: flex; gap: 24px")
+
+@dataclass(frozen=True, eq=False)
+class Page:
+    """One notebook's page."""
+
+    notebook: str  # its path under notebooks/, e.g. solutions/01_the_math_solutions.ipynb
+    page: str  # its path in the site, e.g. solutions/01_the_math_solutions.html
+    title: str
+    node: dict  # the notebook (nbformat's NotebookNode)
+    entry: Entry | None  # its row of the README's table; None for a solution
+    solutions: str | None = None  # a notebook's: its solutions' page
+    exercises: str | None = None  # a solution's: its notebook's page
 
 
-def _nav(previous: tuple[str, str] | None, following: tuple[str, str] | None) -> str:
-    links = ['<a href="index.html">&#8962; all notebooks</a>']
-    if previous:
-        links.append(f'<a href="{previous[0]}">&larr; {html.escape(previous[1])}</a>')
-    if following:
-        links.append(f'<a href="{following[0]}">{html.escape(following[1])} &rarr;</a>')
-    return f'<nav class="gradaccum-nav" style="{NAV_STYLE}">{"".join(links)}</nav>'
+def _html(notebook: str) -> str:
+    return notebook.removesuffix(".ipynb") + ".html"
 
 
-def _exporter(widgets_url: str | None):  # noqa: ANN202 - nbconvert's HTMLExporter
-    from nbconvert import HTMLExporter
+def _load(notebooks: Path, entries: list[Entry]) -> list[Page]:
+    """The notebooks in the table's order, then their solutions (any others by name)."""
+    import nbformat
 
-    exporter = HTMLExporter(template_name="lab")
-    if widgets_url is not None:
-        exporter.require_js_url = f"{widgets_url}/require.js"
-        exporter.widget_renderer_url = f"{widgets_url}/embed-amd.js"
-    return exporter
+    def read(notebook: str, entry: Entry | None, **links: str | None) -> Page:
+        node = nbformat.read(notebooks / notebook, as_version=4)
+        return Page(notebook, _html(notebook), notebook_title(node, Path(notebook).name), node,
+                    entry, **links)
+
+    exercises = {entry.notebook.removesuffix(".ipynb") + "_solutions.ipynb": entry.notebook
+                 for entry in entries}  # a solution's name -> its notebook
+    order = list(exercises)
+    solved = sorted(path.name for path in (notebooks / SOLUTIONS).glob("*.ipynb"))
+    solved.sort(key=lambda name: order.index(name) if name in exercises else len(order))
+    pages = [read(entry.notebook, entry, solutions=f"{SOLUTIONS}/{_html(solution)}"
+                  if solution in solved else None)
+             for solution, entry in zip(order, entries, strict=True)]
+    for name in solved:
+        pages.append(read(f"{SOLUTIONS}/{name}", None,
+                          exercises=_html(exercises[name]) if name in exercises else None))
+    return pages
 
 
-def _markdown(text: str) -> str:
-    from nbconvert.filters.markdown_mistune import markdown2html_mistune
+def _nav(page: Page, notebooks: list[Page]) -> str:
+    """The links atop ``page``: the index, the previous and next notebooks and the solutions;
+    for a solution, the exercises of its notebook."""
+    root = site_pages.up(page.page)
+    links = [(root + "index.html", "&#8962; all notebooks")]
+    if page.exercises:
+        notebook = next(other for other in notebooks if other.page == page.exercises)
+        links.append((f"{root}{notebook.page}#Exercises",
+                      f"&larr; the exercises of {html.escape(notebook.title)}"))
+    if page.entry is not None:
+        i = notebooks.index(page)
+        if i > 0:
+            links.append((notebooks[i - 1].page, f"&larr; {html.escape(notebooks[i - 1].title)}"))
+        if i + 1 < len(notebooks):
+            links.append((notebooks[i + 1].page,
+                          f"{html.escape(notebooks[i + 1].title)} &rarr;"))
+    if page.solutions:
+        links.append((page.solutions, "solutions to the exercises"))
+    return site_pages.nav(links)
 
-    return markdown2html_mistune(text)
 
-
-def _inline(text: str) -> str:
-    """Markdown of one line as inline HTML (no enclosing paragraph)."""
-    return _markdown(text).strip().removeprefix("<p>").removesuffix("</p>")
-
-
-def _index(readme_title: str, table: Table, pages: list[tuple[Entry, str, str, bool]],
-           mathjax_url: str, widget_note: str) -> str:
-    rows = []
-    for entry, page, title, widgets in pages:
-        slider = " &middot; with sliders" if widgets else ""
-        rows.append(
-            f"<tr><td><a href=\"{page}\">{_inline(title)}</a><br>"
-            f"<span class='note'><code>{entry.notebook}</code>{slider}</span></td>"
-            f"<td>{_markdown(entry.proves)}</td>"
-            f"<td class='time'>{html.escape(entry.run_time)}</td></tr>")
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1.0">
-<title>{html.escape(readme_title)}</title>
-<script type="text/x-mathjax-config">
-MathJax.Hub.Config({{tex2jax: {{inlineMath: [['$', '$'], ['\\\\(', '\\\\)']],
-                               processEscapes: true}}, messageStyle: 'none'}});
-</script>
-<script src="{mathjax_url}"></script>
-<style>
-body {{ font: 16px/1.5 system-ui, sans-serif; max-width: 1100px; margin: 2em auto;
-       padding: 0 1em; color: #222; }}
-table {{ border-collapse: collapse; }}
-th, td {{ border-top: 1px solid #ddd; padding: 8px; vertical-align: top; text-align: left; }}
-td p {{ margin: 0; }}
-td.time {{ white-space: nowrap; }}
-.note {{ color: #555; font-size: 14px; }}
-</style>
-</head>
-<body>
-<h1>{html.escape(readme_title)}</h1>
-<p>The series in reading order, with the outputs as committed (executed under the
-<code>ci</code> profile). The sliders show the state they were stored in: moving one here
-recomputes nothing, because no Python runs behind a static page; for that, open the notebooks
-with <code>make lab</code>.</p>
-<table id="notebooks">
-<thead><tr><th>notebook</th><th>what it proves</th><th>{_inline(table.time_header)}</th>
-</tr></thead>
-<tbody>
-{chr(10).join(rows)}
-</tbody>
-</table>
-<p class="note">Built by <code>make site</code> (scripts/build_site.py) from README.md and
-notebooks/; {html.escape(widget_note)}; formulas typeset by MathJax from cdnjs.</p>
-</body>
-</html>
-"""
+def _index_row(page: Page, links: site_pages.Links) -> str:
+    extra = (" &middot; with sliders" if has_widgets(page.node) else "") + (
+        f' &middot; <a href="{page.solutions}">solutions</a>' if page.solutions else "")
+    proves = site_pages.markdown(site_pages.without_self_references(page.entry.proves))
+    return (f"<tr><td><a href=\"{page.page}\">{site_pages.inline(page.title)}</a><br>"
+            f"<span class='note'><code>{page.entry.notebook}</code>{extra}</span></td>"
+            f"<td>{links.rewrite(proves, '', 'index.html')}</td>"
+            f"<td class='time'>{html.escape(page.entry.run_time)}</td></tr>")
 
 
 def build(out: Path, notebooks: Path = ROOT / "notebooks", readme: Path = ROOT / "README.md",
-          widgets: str = "auto", cache: Path = VENDOR_CACHE) -> list[Path]:
-    """Write the site into ``out``; returns the pages (index first)."""
-    import nbformat
-
-    table = parse_notebook_table(readme.read_text(encoding="utf-8"))
+          widgets: str = "auto", cache: Path = VENDOR_CACHE, mathjax: str = "auto",
+          mathjax_cache: Path = MATHJAX_CACHE, repo: Path = ROOT) -> list[Path]:
+    """Write the site into ``out``; returns the pages: the index, the notebooks', the
+    solutions', then the source files'. Files the notebooks link are read from ``repo``."""
+    readme_text = readme.read_text(encoding="utf-8")
+    table = parse_notebook_table(readme_text)
     entries, warnings = order_entries(table.entries, notebooks)
     for warning in warnings:
         print(warning, flush=True)
-    folder, widget_note = resolve_widgets(widgets, cache)
+    widget_folder, widget_note = resolve_widgets(widgets, cache)
+    mathjax_folder, mathjax_note = resolve_mathjax(mathjax, mathjax_cache)
     out.mkdir(parents=True, exist_ok=True)
-    widgets_url = None
-    if folder is not None:
-        widgets_url = "_static/widgets"
-        target = out / widgets_url
-        shutil.rmtree(target, ignore_errors=True)
-        shutil.copytree(folder, target)
-    exporter = _exporter(widgets_url)
-    loaded = []
-    for entry in entries:
-        notebook = nbformat.read(notebooks / entry.notebook, as_version=4)
-        title = notebook_title(notebook, entry.notebook)
-        loaded.append((entry, notebook, title, entry.notebook.removesuffix(".ipynb") + ".html"))
-    pages: list[tuple[Entry, str, str, bool]] = []
+    widgets_url = copy_static(out, "widgets", widget_folder)
+    mathjax_dir = copy_static(out, "mathjax", mathjax_folder)
+    for folder in (SOLUTIONS, "source"):  # written afresh: nothing stale is published
+        shutil.rmtree(out / folder, ignore_errors=True)
+
+    def mathjax_url(root: str) -> str:
+        return MATHJAX_CDN if mathjax_dir is None else f"{root}{mathjax_dir}/{MATHJAX_ENTRY}"
+
+    def write(page: str, text: str) -> Path:
+        path = out / page
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(site_pages.as_text(text), encoding="utf-8")
+        return path
+
+    pages = _load(notebooks, entries)
+    numbered = [page for page in pages if page.entry is not None]
+    links = site_pages.Links(repo, {f"notebooks/{page.notebook}": page.page for page in pages})
+    exporters = {}
     written = []
-    for i, (entry, notebook, title, page) in enumerate(loaded):
-        body, _ = exporter.from_notebook_node(
-            notebook, resources={"metadata": {"name": title, "path": str(notebooks)}})
-        previous = (loaded[i - 1][3], loaded[i - 1][2]) if i > 0 else None
-        following = (loaded[i + 1][3], loaded[i + 1][2]) if i + 1 < len(loaded) else None
-        body = body.replace("<main>", "<main>\n" + _nav(previous, following), 1)
-        # links between notebooks point at their pages
-        body = re.sub(r'href="(\d\d_[a-z0-9_]+)\.ipynb', r'href="\1.html', body)
-        (out / page).write_text(body, encoding="utf-8")
-        written.append(out / page)
-        pages.append((entry, page, title, has_widgets(notebook)))
-    readme_title = next((line.lstrip("#").strip() for line in
-                         readme.read_text(encoding="utf-8").splitlines()
+    for page in pages:
+        root = site_pages.up(page.page)
+        if root not in exporters:  # the widget files' path depends on the page's folder
+            exporters[root] = site_pages.exporter(widgets_url and root + widgets_url)
+        body, _ = exporters[root].from_notebook_node(page.node, resources={
+            "metadata": {"name": page.title, "path": str(notebooks)},
+            "site_mathjax": site_pages.mathjax_head(mathjax_url(root)),
+            "site_css": site_pages.CSS})
+        body = links.rewrite(body, posixpath.dirname(f"notebooks/{page.notebook}"), page.page)
+        body = body.replace("<main>", "<main>\n" + _nav(page, numbered)
+                            + site_pages.contents(body), 1)
+        written.append(write(page.page, body))
+    rows = [_index_row(page, links) for page in numbered]
+    titles = {page.page: page.title for page in pages}
+    for repo_path, linked_from in links.sources.items():
+        try:
+            text = (repo / repo_path).read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{linked_from[0]} links {repo_path}, which is not a text "
+                             "file") from None
+        written.append(write(site_pages.source_page_path(repo_path), site_pages.source_page(
+            repo_path, text, [(page, titles[page]) for page in linked_from])))
+    readme_title = next((line.lstrip("#").strip() for line in readme_text.splitlines()
                          if line.startswith("# ")), "gradaccum")
-    index = out / "index.html"
-    index.write_text(_index(readme_title, table, pages, exporter.mathjax_url, widget_note),
-                     encoding="utf-8")
-    (out / "pages.json").write_text(json.dumps(
-        [{"notebook": e.notebook, "page": p, "title": t, "widgets": w, "run_time": e.run_time}
-         for e, p, t, w in pages], indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    index = write("index.html", site_pages.index_page(
+        readme_title, table.time_header, rows, mathjax_url(""),
+        [widget_note, f"formulas typeset by {mathjax_note}"]))
+    (out / "pages.json").write_text(json.dumps([{
+        "notebook": page.notebook, "page": page.page, "title": page.title,
+        "widgets": has_widgets(page.node), "run_time": page.entry and page.entry.run_time,
+        "solutions": page.solutions} for page in pages], indent=1, ensure_ascii=False) + "\n",
+        encoding="utf-8")
     print(widget_note, flush=True)
+    print(f"formulas: {mathjax_note}", flush=True)
     return [index, *written]
 
 
@@ -365,14 +329,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--widgets", default="auto",
                         help="auto (default), cdn, npm, or a folder with embed-amd.js and "
                              "require.js")
+    parser.add_argument("--mathjax", default="auto",
+                        help=f"auto (default), cdn, npm, or a folder with {MATHJAX_ENTRY} "
+                             "and its fonts")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
-        pages = build(args.out, args.notebooks, args.readme, args.widgets)
+        pages = build(args.out, args.notebooks, args.readme, args.widgets,
+                      mathjax=args.mathjax)
     except (ValueError, RuntimeError, OSError) as error:
         print(f"build_site: {error}", file=sys.stderr)
         return 1
-    print(f"{len(pages) - 1} notebooks -> {pages[0]} in {time.perf_counter() - start:.1f} s")
+    folders = [path.relative_to(args.out).parts[:-1] for path in pages[1:]]
+    print(f"{folders.count(())} notebooks -> {pages[0]} ({folders.count((SOLUTIONS,))} "
+          f"solution pages, {len(folders) - folders.count(()) - folders.count((SOLUTIONS,))} "
+          f"source files) in {time.perf_counter() - start:.1f} s")
     return 0
 
 

@@ -1,8 +1,9 @@
 """scripts/build_site.py (`make site`): the static HTML edition and its index.
 
-The real series (a read-only snapshot of notebooks/ and README.md) is built once into a
-temporary folder (about 10 s), with a stand-in folder of widget files so that no network is
-needed; small synthetic inputs cover the parser and the CDN mode.
+The real series (a read-only snapshot of notebooks/, notebooks/solutions/ and README.md) is
+built once into a temporary folder (about 15 s), with stand-in folders of widget and MathJax
+files so that no network is needed; small synthetic inputs cover the parser, the CDN mode and
+the links. Every link of the built site is walked (tests/site_links.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from script_loader import load_script
+from site_links import broken_anchors, broken_links, html_files
 
 ROOT = Path(__file__).resolve().parent.parent
 build_site = load_script("scripts/build_site.py")
@@ -29,18 +31,21 @@ def site(tmp_path_factory):
     # a read-only snapshot of the notebooks and README: building must not write them, and
     # edits made meanwhile cannot mix two versions
     source = tmp_path_factory.mktemp("source")
-    (source / "notebooks").mkdir()
-    for path in (ROOT / "notebooks").glob("*.ipynb"):
-        shutil.copy(path, source / "notebooks" / path.name)
+    (source / "notebooks" / "solutions").mkdir(parents=True)
+    for folder in ("notebooks", "notebooks/solutions"):
+        for path in (ROOT / folder).glob("*.ipynb"):
+            shutil.copy(path, source / folder / path.name)
+            (source / folder / path.name).chmod(0o444)
     shutil.copy(ROOT / "README.md", source / "README.md")
-    for path in [*(source / "notebooks").iterdir(), source / "README.md"]:
-        path.chmod(0o444)
+    (source / "README.md").chmod(0o444)
     vendor = tmp_path_factory.mktemp("vendor")
     (vendor / "embed-amd.js").write_text("/* stand-in */")
     (vendor / "require.js").write_text("/* stand-in */")
+    mathjax = tmp_path_factory.mktemp("mathjax")
+    (mathjax / "tex-chtml-full.js").write_text("/* stand-in */")
     out = tmp_path_factory.mktemp("site")
     pages = build_site.build(out, notebooks=source / "notebooks", readme=source / "README.md",
-                             widgets=str(vendor))
+                             widgets=str(vendor), mathjax=str(mathjax))
     return out, pages, source
 
 
@@ -59,7 +64,7 @@ def test_index_links_every_notebook_in_the_readme_order(site):
     assert [name for name in order if name in listed] == listed  # the README's order
     links = re.findall(r'<a href="(\d\d_[a-z0-9_]+\.html)">', index)
     assert links == [name.removesuffix(".ipynb") + ".html" for name in order]
-    assert [page.name for page in pages] == ["index.html", *links]
+    assert [page.name for page in pages[:1 + len(links)]] == ["index.html", *links]
     for link in links:
         assert (out / link).is_file()
     # each row carries the README's run time and what the notebook proves
@@ -74,10 +79,13 @@ def test_index_links_every_notebook_in_the_readme_order(site):
 
 def test_each_page_embeds_its_outputs_and_widget_state(site):
     out, _, source = site
-    for path in sorted((source / "notebooks").glob("*.ipynb")):
+    notebooks = source / "notebooks"
+    for path in sorted([*notebooks.glob("*.ipynb"), *notebooks.glob("solutions/*.ipynb")]):
         notebook = nbformat.read(path, as_version=4)
-        page = (out / path.name.replace(".ipynb", ".html")).read_text()
-        assert '<a href="index.html">' in page  # the navigation back to the index
+        name = path.relative_to(notebooks).as_posix()
+        root = "../" * name.count("/")
+        page = (out / name.replace(".ipynb", ".html")).read_text()
+        assert f'<a href="{root}index.html">' in page  # the navigation back to the index
         images = sum("image/png" in output.get("data", {}) for cell in notebook.cells
                      if cell.cell_type == "code" for output in cell.outputs)
         assert page.count("data:image/png;base64,") >= images, path.name
@@ -86,8 +94,8 @@ def test_each_page_embeds_its_outputs_and_widget_state(site):
             assert STATE_SCRIPT not in page, path.name
             continue
         assert page.count(STATE_SCRIPT) == 1 and VIEW_SCRIPT in page, path.name
-        assert 'widgetRendererSrc = \'_static/widgets/embed-amd.js\'' in page
-        assert '<script src="_static/widgets/require.js">' in page
+        assert f'widgetRendererSrc = \'{root}_static/widgets/embed-amd.js\'' in page
+        assert f'<script src="{root}_static/widgets/require.js">' in page
         stored = page.split(STATE_SCRIPT, 1)[1].split("</script>", 1)[0]
         assert json.loads(stored.replace("<\\/", "</")) == state, path.name
     assert (out / "_static" / "widgets" / "embed-amd.js").read_text() == "/* stand-in */"
@@ -148,13 +156,15 @@ def test_cdn_mode_and_a_bad_widgets_folder(tmp_path, capsys):
     (tmp_path / "README.md").write_text(README)
     out = tmp_path / "site"
     assert build_site.main(["--out", str(out), "--notebooks", str(notebooks),
-                            "--readme", str(tmp_path / "README.md"), "--widgets", "cdn"]) == 0
+                            "--readme", str(tmp_path / "README.md"), "--widgets", "cdn",
+                            "--mathjax", "cdn"]) == 0
     assert "2 notebooks ->" in capsys.readouterr().out
     index = (out / "index.html").read_text()
     assert re.findall(r'<a href="(\d\d_\w+\.html)">', index) == ["02_b.html", "01_a.html"]
     assert "Title of 02_b.ipynb" in index and "~2 s" in index
     page = (out / "02_b.html").read_text()
     assert STATE_SCRIPT in page and "https://unpkg.com/@jupyter-widgets/html-manager@" in page
+    assert f'<script src="{build_site.MATHJAX_CDN}">' in page
     assert STATE_SCRIPT not in (out / "01_a.html").read_text()
     assert not (out / "_static").exists()
     assert build_site.main(["--out", str(out), "--notebooks", str(notebooks), "--readme",
@@ -173,3 +183,158 @@ def test_auto_falls_back_to_the_cdn_without_npm_and_npm_mode_says_why(tmp_path, 
         (tmp_path / "vendor" / name).write_text("/* cached */")
     folder, note = build_site.resolve_widgets("auto", cache=tmp_path / "vendor")
     assert folder == tmp_path / "vendor" and "works offline" in note
+    folder, note = build_site.resolve_mathjax("auto", cache=tmp_path / "mathjax")
+    assert folder is None and "cdn.jsdelivr.net" in note and "npm is not installed" in note
+    with pytest.raises(RuntimeError, match="npm is not installed"):
+        build_site.resolve_mathjax("npm", cache=tmp_path / "mathjax")
+    with pytest.raises(ValueError, match="--mathjax .*: not a folder holding tex-chtml-full.js"):
+        build_site.resolve_mathjax(str(tmp_path / "vendor"))
+
+
+# ------------------------------------------------------------- links, contents, text, MathJax
+
+
+def test_every_link_of_the_site_stays_in_it_and_resolves(site):
+    out, _, _ = site
+    assert len(html_files(out)) > 1 + 7
+    assert broken_links(out) == []
+    assert broken_anchors(out) == []  # page#heading links name a heading of that page
+
+
+def test_the_link_walk_fails_on_what_leaves_the_site_or_is_missing(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.html").write_text("<p id='here'>")
+    (tmp_path / "sub" / "b.html").write_text(
+        '<a href="../a.html#here">ok</a><a href="#top">ok</a><img src="data:image/png;base64,">'
+        '<a href="https://example.org/x">ok</a><a href="mailto:a@b.c">ok</a>'
+        '<a href="../../outside.html">escapes</a><a href="../missing.html#x">missing</a>'
+        '<script src="/abs.js"></script><a href="file:///etc/passwd">scheme</a>'
+        '<a href="../a.html#nowhere">anchor</a>')
+    assert broken_links(tmp_path) == [
+        "sub/b.html: a.href='../../outside.html' (leaves the site's folder)",
+        "sub/b.html: a.href='../missing.html#x' (no such file in the site)",
+        "sub/b.html: script.src='/abs.js' (absolute path (leaves the site once published))",
+        "sub/b.html: a.href='file:///etc/passwd' (a scheme other than http(s), mailto and "
+        "data)"]
+    assert broken_anchors(tmp_path) == [
+        "sub/b.html: '#top' (no id 'top' in sub/b.html)",
+        "sub/b.html: '../a.html#nowhere' (no id 'nowhere' in a.html)"]
+
+
+def test_solutions_are_pages_linked_from_their_notebooks(site):
+    out, _, source = site
+    listing = json.loads((out / "pages.json").read_text())
+    solutions = sorted((source / "notebooks" / "solutions").glob("*.ipynb"))
+    assert solutions
+    for path in solutions:
+        page = out / "solutions" / path.name.replace(".ipynb", ".html")
+        title = build_site.notebook_title(nbformat.read(path, as_version=4), path.name)
+        assert f"<title>{html.escape(title)}</title>" in page.read_text(), path.name
+        notebook = path.name.replace("_solutions.ipynb", ".html")
+        link = f'href="solutions/{page.name}"'
+        assert link in (out / notebook).read_text(), notebook
+        assert link in (out / "index.html").read_text(), notebook
+        assert f'href="../{notebook}#Exercises"' in page.read_text(), page.name
+        assert {"notebook": f"solutions/{path.name}", "page": f"solutions/{page.name}",
+                "title": title, "widgets": False, "run_time": None,
+                "solutions": None} in listing
+    for page in html_files(out):  # no link to a notebook file is left
+        assert not re.search(r'href="[^"]*\.ipynb', page.read_text()), page
+
+
+def test_links_to_files_outside_the_notebooks_go_to_copies_in_the_site(site):
+    out, _, _ = site
+    page = (out / "05_ddp_torchrun.html").read_text()
+    assert 'href="source/gradaccum_lib/jobs/ddp.py.html"' in page
+    assert 'href="source/tests/test_ddp.py.html"' in page
+    assert 'href="source/benchmarks/deepspeed_cpu.txt.html"' in (out / "06_beyond.html").read_text()
+    for page in html_files(out):
+        assert 'href="../' not in page.read_text() or page.parent != out, page
+    copy = (out / "source" / "gradaccum_lib" / "jobs" / "ddp.py.html").read_text()
+    text = (ROOT / "gradaccum_lib" / "jobs" / "ddp.py").read_text()
+    shown = html.unescape(copy.split('<pre id="source"><code>', 1)[1].split("</code></pre>")[0])
+    assert shown == build_site.site_pages.as_text(text)
+    assert 'href="../../../05_ddp_torchrun.html"' in copy  # back to the page that links it
+
+
+def test_each_page_has_contents_linking_its_headings(site):
+    out, _, source = site
+    for path in sorted((source / "notebooks").glob("*.ipynb")):
+        page = (out / path.name.replace(".ipynb", ".html")).read_text()
+        main = page.split("<main>", 1)[1]
+        contents = main.split('<nav class="gradaccum-toc"', 1)[1].split("</nav>", 1)[0]
+        headings = re.findall(r'<h[23] id="([^"]+)"', main)
+        assert len(headings) >= 3, path.name
+        assert re.findall(r'<a href="#([^"]+)"', contents) == headings, path.name
+    contents = (out / "02_single_device.html").read_text().split("gradaccum-toc", 1)[1]
+    assert '<a href="#4.-Explore:-$k$-and-the-micro-batch-size">4. Explore: $k$ and' in contents
+
+
+def test_formulas_are_left_to_the_local_mathjax_on_every_page(site):
+    out, _, _ = site
+    assert (out / "_static" / "mathjax" / "tex-chtml-full.js").read_text() == "/* stand-in */"
+    for page in html_files(out):
+        text = page.read_text()
+        if page.is_relative_to(out / "source"):
+            assert "mathjax" not in text.lower(), page  # a copy of a file: no TeX to typeset
+            continue
+        root = "../" * (len(page.relative_to(out).parts) - 1)
+        assert f'<script src="{root}_static/mathjax/tex-chtml-full.js">' in text, page
+        assert "inlineMath: [['$', '$']" in text and "displayMath: [['$$', '$$']" in text
+        assert "cdnjs.cloudflare.com/ajax/libs/mathjax" not in text, page
+        assert "MathJax.Hub.Config" not in text, page  # nbconvert's MathJax 2 block is gone
+    heading = re.search(r'<h2 id="4.-Explore[^>]*>(.*?)<a', (out / "02_single_device.html")
+                        .read_text()).group(1)
+    assert heading == "4. Explore: $k$ and the micro-batch size"  # the TeX MathJax typesets
+    assert "$\\nabla L = \\sum_j \\frac{n_j}{N}\\nabla L_j$" in (out / "index.html").read_text()
+
+
+def test_the_index_points_to_nothing_it_does_not_hold_and_emoji_are_words(site):
+    out, _, _ = site
+    index = html.unescape(re.sub(r"<[^>]+>", "", (out / "index.html").read_text()))
+    assert "below" not in index and "above" not in index
+    assert "the article the series answers, claim by claim: each claim paraphrased" in index
+    for page in html_files(out):
+        assert not re.search("[\U0001F000-\U0001FAFF]", page.read_text()), page
+    assert "the 2024 Hugging Face transformers" in index
+    assert "The 2024 Hugging Face transformers fix" in (out / "03_tokens_and_padding.html") \
+        .read_text()
+
+
+def _linking_notebook(folder: Path, name: str, link: str) -> None:
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_markdown_cell(f"# Title of {name}\n\n## Part\n\n"
+                                                    f"See [the code]({link}).")]
+    nbformat.write(notebook, folder / name)
+
+
+def test_links_to_the_repository_and_to_solutions_in_a_small_series(tmp_path):
+    (tmp_path / "notebooks" / "solutions").mkdir(parents=True)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text("print('<a>')\n")
+    (tmp_path / "README.md").write_text(README)
+    _linking_notebook(tmp_path / "notebooks", "01_a.ipynb", "../src/a.py#L1")
+    _linking_notebook(tmp_path / "notebooks", "02_b.ipynb", "solutions/02_b_solutions.ipynb")
+    _linking_notebook(tmp_path / "notebooks" / "solutions", "02_b_solutions.ipynb",
+                      "../../src/a.py")
+    out = tmp_path / "site"
+
+    def build() -> list[Path]:
+        return build_site.build(out, notebooks=tmp_path / "notebooks",
+                                readme=tmp_path / "README.md", widgets="cdn", mathjax="cdn",
+                                repo=tmp_path)
+
+    pages = build()
+    assert [page.relative_to(out).as_posix() for page in pages] == [
+        "index.html", "02_b.html", "01_a.html", "solutions/02_b_solutions.html",
+        "source/src/a.py.html"]
+    assert 'href="source/src/a.py.html#L1"' in (out / "01_a.html").read_text()
+    assert 'href="../source/src/a.py.html"' in (out / "solutions/02_b_solutions.html").read_text()
+    assert "print(&#x27;&lt;a&gt;&#x27;)" in (out / "source/src/a.py.html").read_text()
+    assert broken_links(out) == []
+    _linking_notebook(tmp_path / "notebooks", "01_a.ipynb", "../src/gone.py")
+    with pytest.raises(ValueError, match="01_a.html links src/gone.py, which is not a file"):
+        build()
+    _linking_notebook(tmp_path / "notebooks", "01_a.ipynb", "../../elsewhere.py")
+    with pytest.raises(ValueError, match="01_a.html: the link '../../elsewhere.py' leaves"):
+        build()
