@@ -1,6 +1,6 @@
 """A teaching instrument: a DDP communication hook that counts what gradient synchronisation
-sends, then all-reduces each bucket exactly as DDP's default does (torch's public
-``allreduce_hook``). The notebooks register it; the engine does not know about it.
+sends, then averages each bucket as DDP's default does (divide by the group's size, one
+``dist.all_reduce``). The notebooks register it; the engine does not know about it.
 
 DDP takes one hook per model, registered before its first synchronising backward pass; a hook
 must not carry string annotations (``from __future__ import annotations``) on its ``state``
@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 __all__ = ["CommCounter"]
 
@@ -54,12 +53,13 @@ class CommCounter:
         if bucket.is_last():
             self.syncs += 1
         start = time.perf_counter()
+        buffer.div_(dist.get_world_size(self.group))  # the average, as DDP's own hook takes it
 
         def done(fut: torch.futures.Future) -> torch.Tensor:
             self.seconds += time.perf_counter() - start
-            return fut.value()
+            return fut.value()[0]
 
-        return allreduce_hook(self.group, bucket).then(done)
+        return dist.all_reduce(buffer, group=self.group, async_op=True).get_future().then(done)
 
     def take(self) -> dict[str, float]:
         """Return ``{"calls", "bytes", "syncs", "seconds"}`` since the last take; reset."""
