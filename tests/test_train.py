@@ -24,7 +24,8 @@ from gradaccum_lib.jobs.train_args import JobError, check_sizes, parse_arguments
 # 2 x 48 notes of 32 tokens, micro-batch 4, k = 2: 6 windows per epoch, 2 epochs, float64
 JOB = ["-m", "gradaccum_lib.jobs.train", "--train-samples", "96", "--validation-samples", "30",
        "--max-length", "32", "--micro-batch-size", "4", "--accumulation-steps", "2",
-       "--epochs", "2", "--dtype", "float64", "--warmup-steps", "2", "--no-progress"]
+       "--epochs", "2", "--dtype", "float64", "--warmup-steps", "2", "--lr", "5e-4",
+       "--no-progress"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "GRADACCUM_PROFILE": "ci"}
 
 
