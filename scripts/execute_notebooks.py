@@ -3,6 +3,8 @@
 Usage: python scripts/execute_notebooks.py notebooks/*.ipynb  (the Makefile's `notebooks`)
        python scripts/execute_notebooks.py --check notebooks/*.ipynb  (`make check-profiles`:
        execute under the current profile, write and record nothing, report every failure)
+       python scripts/execute_notebooks.py --no-record notebooks/04_*.ipynb  (store outputs,
+       record no run time: on a busy machine, or for a notebook not yet in the README's table)
 
 The series' run times have one source: each execution of a notebook of the series (in
 ``notebooks/`` or ``notebooks/solutions/``) records its wall time in
@@ -103,10 +105,11 @@ def record(path: Path, seconds: float) -> None:
 
 
 def main(paths: list[str]) -> int:
-    check = "--check" in paths
-    paths = [name for name in paths if name != "--check"]
+    check, no_record = "--check" in paths, "--no-record" in paths
+    paths = [name for name in paths if name not in ("--check", "--no-record")]
     if not paths:
-        print("usage: execute_notebooks.py [--check] NOTEBOOK.ipynb ...", file=sys.stderr)
+        print("usage: execute_notebooks.py [--check | --no-record] NOTEBOOK.ipynb ...",
+              file=sys.stderr)
         return 2
     for name in paths:
         path = Path(name)
@@ -119,8 +122,10 @@ def main(paths: list[str]) -> int:
         print(f"executing {path} ...", flush=True)
         if not check:
             seconds = execute(path)
-            record(path, seconds)
-            print(f"  done in {seconds:.1f} s", flush=True)
+            if not no_record:
+                record(path, seconds)
+            print(f"  done in {seconds:.1f} s{' (not recorded)' if no_record else ''}",
+                  flush=True)
             continue
         try:
             seconds = execute(path, write=False)

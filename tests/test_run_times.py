@@ -102,3 +102,17 @@ def test_check_mode_executes_writes_nothing_and_reports_every_failure(tmp_path, 
     assert "ok in" in out and "FAILED: AssertionError: a size claim" in out
     assert "1 of 2 failed" in err and "broken.ipynb" in err
     assert [path.read_bytes() for path in paths] == before  # nothing written
+
+
+def test_no_record_mode_stores_outputs_and_records_no_run_time(tmp_path, monkeypatch, capsys):
+    import nbformat
+
+    path = tmp_path / "plain.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")]),
+                   path)
+    recorded = []
+    monkeypatch.setattr(execute_notebooks, "record", lambda *args: recorded.append(args))
+    assert execute_notebooks.main(["--no-record", str(path)]) == 0
+    assert recorded == []
+    assert "42" in nbformat.read(path, as_version=4).cells[0].outputs[0]["text"]
+    assert "(not recorded)" in capsys.readouterr().out
