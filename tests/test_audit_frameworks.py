@@ -62,12 +62,13 @@ def test_full_windows_library_bare_and_accelerate_match(emr_window, accumulation
         assert result.matches(1e-10), make_step.__name__
 
 
-def test_hf_trainer_inflates_by_k_for_bert_and_both_workarounds_fix_it(emr_window):
+def test_hf_trainer_inflates_by_k_for_bert_and_the_workarounds_fix_it(emr_window):
     model, batch = emr_window
     parts = split_into_micro_batches(batch, accumulation_steps=4)
     default = audit_update(hf_trainer_step(4), model, bert_classification_loss, parts, SGD)
     assert default.norm_ratio == pytest.approx(4.0, rel=1e-6)  # transformers #47688
-    for workaround in ("accepts_loss_kwargs=False", "compute_loss_func"):
+    for workaround in ("accepts_loss_kwargs=False", "loss_is_scaled_for_ga=False",
+                       "compute_loss_func"):
         fixed = audit_update(hf_trainer_step(4, workaround=workaround), model,
                              bert_classification_loss, parts, SGD)
         assert fixed.matches(1e-10), workaround
@@ -127,6 +128,20 @@ def test_equal_partial_window_gets_half_from_accelerate_and_twice_from_the_train
     assert trainer.norm_ratio == pytest.approx(2.0, abs=1e-10)  # two trusted means, summed
     divided = hf_trainer_step(4, workaround="accepts_loss_kwargs=False")
     assert audit_update(divided, model, bert_classification_loss, parts, SGD).matches(1e-10)
+
+
+def test_loss_is_scaled_for_ga_false_divides_like_accepts_loss_kwargs_false(emr_window):
+    model, batch = emr_window
+    equal = split_into_micro_batches({k: v[:12] for k, v in batch.items()}, micro_batch_size=6)
+    uneven = split_into_micro_batches(batch, micro_batch_size=16)  # 16 + 8, configured k = 4
+    scaled = hf_trainer_step(4, workaround="loss_is_scaled_for_ga=False")
+    assert audit_update(scaled, model, bert_classification_loss, equal, SGD).matches(1e-10)
+    ours = audit_update(scaled, model, bert_classification_loss, uneven, SGD)
+    theirs = audit_update(hf_trainer_step(4, workaround="accepts_loss_kwargs=False"), model,
+                          bert_classification_loss, uneven, SGD)
+    assert not ours.matches(1e-3)  # two micro-batch means averaged equally: not the truth
+    assert ours.norm_ratio == pytest.approx(theirs.norm_ratio, abs=1e-10)
+    assert ours.cosine == pytest.approx(theirs.cosine, abs=1e-10)
 
 
 def test_trainer_default_sampler_shuffles_and_its_sequential_one_splits_like_a_bare_loop(

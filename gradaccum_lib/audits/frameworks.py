@@ -187,7 +187,8 @@ def accelerate_step(accumulation_steps: int, *, count_window_items: bool = False
     return step
 
 
-TRAINER_WORKAROUNDS = (None, "accepts_loss_kwargs=False", "compute_loss_func")
+TRAINER_WORKAROUNDS = (None, "accepts_loss_kwargs=False", "loss_is_scaled_for_ga=False",
+                       "compute_loss_func")
 
 
 def summed_cross_entropy_over_window(outputs, labels, num_items_in_batch=None):  # noqa: ANN001, ANN201
@@ -236,6 +237,8 @@ def hf_trainer(model: nn.Module, micro_batches: Sequence[Mapping[str, Tensor]],
     trainer = Trainer(model=model, args=arguments, train_dataset=dataset,
                       optimizers=(optimizer, scheduler), compute_loss_func=loss_func,
                       callbacks=list(callbacks))
+    if workaround == "loss_is_scaled_for_ga=False":
+        trainer.loss_is_scaled_for_ga = False  # read by Trainer.training_step
     trainer.remove_callback(PrinterCallback)  # its run summary goes to stdout otherwise
     return trainer
 
@@ -249,6 +252,8 @@ def hf_trainer_step(accumulation_steps: int, *, workaround: str | None = None,  
 
     ``workaround``: ``"accepts_loss_kwargs=False"`` tells the Trainer the model ignores
     ``num_items_in_batch`` (so it divides each micro-batch loss by k again);
+    ``"loss_is_scaled_for_ga=False"`` sets that ``Trainer`` attribute (transformers 5.x), which
+    makes ``training_step`` divide each micro-batch loss by k whatever the model accepts;
     ``"compute_loss_func"`` computes the loss outside the model as a sum divided by the
     Trainer's window item count.
     """
