@@ -1,0 +1,90 @@
+"""Notebook 00 opens with the answer card in English and in Chinese: the same numbers, the same
+code, every number printed by a cell of 00, and the card's loop the one its cells run."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "notebooks" / "00_the_article.ipynb"
+NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*(?:e-\d+)?(?![\d])")  # 325.5M: 325.5
+
+
+def _cells() -> list[dict]:
+    return json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
+
+
+def _source(cell: dict) -> str:
+    return "".join(cell["source"])
+
+
+def _cards() -> tuple[str, str]:
+    """The English and the Chinese card: the first two cells after the title."""
+    cells = _cells()
+    english, chinese = _source(cells[1]), _source(cells[2])
+    assert english.startswith("## The answer card"), english[:80]
+    assert chinese.startswith("## 答题卡（中文）"), chinese[:80]
+    return english, chinese
+
+
+def _code_blocks(card: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", card, flags=re.S)
+
+
+def _without_comments(code: str) -> list[str]:
+    return [line.split("  #")[0].rstrip() for line in code.splitlines()
+            if line.strip() and not line.strip().startswith("#")]
+
+
+def numbers(card: str) -> set[str]:
+    """The numbers a card states in its prose: code, link targets and heading anchors left out
+    (the code is compared on its own); '1,000' and '1000' are one number."""
+    prose = re.sub(r"```.*?```", " ", card, flags=re.S)
+    prose = re.sub(r"`[^`]*`", " ", prose)
+    prose = re.sub(r"\]\([^)]*\)", "]", prose)
+    prose = re.sub(r"\[(\d\d|§)[^\]]*\]", " ", prose)  # the cross-references' labels: 02 §5d
+    return {token.replace(",", "") for token in NUMBER.findall(prose)}
+
+
+def _outputs() -> str:
+    texts = []
+    for cell in _cells():
+        for output in cell.get("outputs", []):
+            texts.append("".join(output.get("text", "")))
+            texts.append("".join(output.get("data", {}).get("text/plain", "")))
+    return "\n".join(texts)
+
+
+def test_00_opens_with_the_two_cards_and_they_state_the_same_numbers() -> None:
+    english, chinese = _cards()
+    assert numbers(english) == numbers(chinese), (
+        f"only in English: {sorted(numbers(english) - numbers(chinese))}; "
+        f"only in Chinese: {sorted(numbers(chinese) - numbers(english))}")
+    assert {"325.5", "5.2", "1.97", "2048", "1.30", "0.14", "0.015"} <= numbers(english)
+
+
+def test_every_number_on_the_card_is_printed_by_a_cell_of_00() -> None:
+    english, _ = _cards()
+    printed = {token.replace(",", "") for token in NUMBER.findall(_outputs())}
+    missing = sorted(numbers(english) - printed)
+    assert not missing, f"numbers on the card that no output of 00 prints: {missing}"
+
+
+def test_both_cards_show_the_same_code_and_it_is_the_code_that_runs() -> None:
+    english, chinese = _cards()
+    blocks = _code_blocks(english)
+    assert len(blocks) == 2, "the correct loop and the article's loop"
+    assert [_without_comments(b) for b in blocks] == [
+        _without_comments(b) for b in _code_blocks(chinese)]
+    written = next(_source(c) for c in _cells()
+                   if c["cell_type"] == "code" and _source(c).startswith("%%writefile"))
+    assert "\n".join(_without_comments(blocks[0])) in "\n".join(_without_comments(written)), (
+        "the card's train_window differs from the one 00 writes and runs")
+
+
+def test_the_number_scanner() -> None:
+    card = ("325.5M, 8 × V100 16 GB, 1e-12, 1,000 notes, 0.015 s, [02 §5d](02_x.ipynb#5d.-A),"
+            " `k = 9`\n```python\nx = 7\n```")
+    assert numbers(card) == {"325.5", "8", "16", "1e-12", "1000", "0.015"}
