@@ -36,6 +36,7 @@ __all__ = [
     "ddp_effective_batch", "decomposing_loss", "engine_steps", "find_the_bug", "fit_a_gpu",
     "forgot_to_divide", "global_normaliser", "k_for_the_cluster", "mean_of_means_weight",
     "sqrt_learning_rate", "steps_per_epoch", "trainer_factor",
+    "leftover_micro_batches", "schedule_length",
 ]
 
 GIB = 1024**3
@@ -295,3 +296,42 @@ def engine_steps(answer: object) -> str:
              f"{answer} is not the number of optimizer steps the engine took; does the "
              "partial last window step?")
     return f"10 micro-batches with k = 4: {steps} optimizer and scheduler steps"
+
+
+# ---- 07: the interviewer's follow-ups -----------------------------------------------------
+
+def leftover_micro_batches(answer: object) -> str:
+    probe = torch.nn.Parameter(torch.zeros(()))  # each backward adds 1 to its gradient
+    optimizer = torch.optim.SGD([probe], lr=0.0)
+    held = []  # micro-batches added up in each optimizer step
+    for _epoch in range(2):
+        for index in range(11):  # the loop of the exercise: 11 micro-batches an epoch, k = 4
+            (1.0 * probe).backward()
+            if (index + 1) % 4 == 0:
+                held.append(int(probe.grad))
+                optimizer.step()
+                optimizer.zero_grad()
+    first_of_epoch_2 = held[11 // 4]
+    _require(_number(answer, "answer (micro-batches)") == first_of_epoch_2,
+             f"{answer} is not what that step adds up; count what is still in the gradients "
+             "when the first epoch ends")
+    return (f"the first step of epoch 2 adds up {first_of_epoch_2} micro-batches: "
+            f"{11 % 4} left over from epoch 1 and 4 of its own")
+
+
+def schedule_length(answer: object) -> str:
+    model = make_mlp(4, 6, 2, seed=0)
+    trainer = AccumulationTrainer(model, sample_classification_loss,
+                                  torch.optim.SGD(model.parameters(), lr=0.1),
+                                  accumulation_steps=4, progress=False, track_grad_norm=False)
+    inputs = torch.randn(1000, 4, generator=torch.Generator().manual_seed(6),
+                         dtype=torch.float64)
+    for _epoch in range(3):
+        trainer.train_epoch(split_into_micro_batches((inputs, torch.arange(1000) % 2),
+                                                    micro_batch_size=8))
+    steps = trainer.optimizer_steps
+    _require(_number(answer, "answer (schedule steps)") == steps,
+             f"{answer} steps is not the optimizer steps the engine takes; count the windows "
+             "of one epoch (its partial one steps too), then multiply by the epochs")
+    return (f"3 epochs of {math.ceil(1000 / 8)} micro-batches with k = 4: {steps} optimizer "
+            f"steps, so a schedule {steps} steps long")

@@ -36,7 +36,9 @@ from .checkers import (
     forgot_to_divide,
     global_normaliser,
     k_for_the_cluster,
+    leftover_micro_batches,
     mean_of_means_weight,
+    schedule_length,
     sqrt_learning_rate,
     steps_per_epoch,
     trainer_factor,
@@ -96,6 +98,13 @@ EXERCISES: dict[str, Exercise] = {
     "06.2": Exercise("optimizer steps for an epoch with a partial window",
                      "the optimizer (and scheduler) steps of 10 micro-batches with k = 4",
                      engine_steps),
+    "07.1": Exercise("micro-batches in the first step of an epoch",
+                     "a number: how many micro-batches' gradients the first optimizer step of "
+                     "the second epoch adds up (11 micro-batches an epoch, k = 4, counted from "
+                     "each epoch's start)", leftover_micro_batches),
+    "07.2": Exercise("the length of a learning-rate schedule",
+                     "a number: the optimizer steps of 3 epochs of 1,000 samples in "
+                     "micro-batches of 8 with k = 4, partial windows stepped", schedule_length),
 }
 
 
