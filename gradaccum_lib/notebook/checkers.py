@@ -21,18 +21,26 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ..accumulation import AccumulationTrainer
-from ..audits.frameworks import hf_trainer_step
+from ..audits.frameworks import accelerate_step, hf_trainer_step
 from ..batches import split_into_micro_batches, windows_of
 from ..equivalence import accumulated_gradients, audit_update, full_batch_gradients
 from ..gradients import max_gradient_difference
 from ..losses import bert_classification_loss, sample_classification_loss
 from ..measure.comm import CommCounter
+from ..measure.memory import memory_budget
 from ..measure.noise import scaled_learning_rate
 from ..measure.planning import accumulation_steps_for, max_micro_batch_size
-from ..workloads.models import TokenTagger, count_bert_parameters, make_mlp, make_tiny_bert
+from ..workloads.models import (
+    ROBERTA_WWM_EXT_LARGE,
+    TokenTagger,
+    count_bert_parameters,
+    make_mlp,
+    make_tiny_bert,
+)
 
 __all__ = [
-    "BERT_BASE_CHINESE", "GIB", "WrongAnswer", "allreduce_bytes", "bert_base_parameters",
+    "BERT_BASE_CHINESE", "GIB", "WrongAnswer", "accelerate_partial_window", "adamw_state_gigabytes",
+    "allreduce_bytes", "bert_base_parameters",
     "ddp_effective_batch", "decomposing_loss", "engine_steps", "find_the_bug", "fit_a_gpu",
     "forgot_to_divide", "global_normaliser", "k_for_the_cluster", "mean_of_means_weight",
     "sqrt_learning_rate", "steps_per_epoch", "trainer_factor",
@@ -215,19 +223,47 @@ def k_for_the_cluster(answer: object) -> str:
     return f"k = {k}: 4 per GPU x 8 GPUs x {k} = {4 * 8 * k} samples per optimizer step"
 
 
-def trainer_factor(answer: object) -> str:
+def adamw_state_gigabytes(answer: object) -> str:
+    parameters = count_bert_parameters(ROBERTA_WWM_EXT_LARGE, num_labels=10)
+    gigabytes = memory_budget(parameters, optimizer="adamw", precision="fp32").total / 1e9
+    given = _number(answer, "answer (GB)")
+    _require(abs(given - gigabytes) <= 0.1,
+             f"{given:g} GB is not within 0.1 GB of the state; k moves only the activations, "
+             "and fp32 weights, gradients and AdamW's two moments take 4 bytes each per parameter")
+    return (f"{parameters / 1e6:.1f}M parameters x 16 bytes = {gigabytes:.2f} GB per GPU, "
+            "at k = 16 as at k = 8")
+
+
+# ---- 04b: the framework audit ---------------------------------------------------------------
+
+def _tiny_bert_window(micro_batches: int) -> tuple[nn.Module, list[dict[str, torch.Tensor]]]:
     model = make_tiny_bert(30, 2, hidden_size=16, num_layers=1, num_heads=2, max_length=16)
     generator = torch.Generator().manual_seed(3)
-    micro_batches = [{"input_ids": torch.randint(1, 30, (2, 8), generator=generator),
-                      "attention_mask": torch.ones(2, 8, dtype=torch.long),
-                      "labels": torch.randint(0, 2, (2,), generator=generator)}
-                     for _ in range(4)]
+    return model, [{"input_ids": torch.randint(1, 30, (2, 8), generator=generator),
+                    "attention_mask": torch.ones(2, 8, dtype=torch.long),
+                    "labels": torch.randint(0, 2, (2,), generator=generator)}
+                   for _ in range(micro_batches)]
+
+
+def trainer_factor(answer: object) -> str:
+    model, micro_batches = _tiny_bert_window(4)
     result = audit_update(hf_trainer_step(4), model, bert_classification_loss, micro_batches,
                           lambda parameters: torch.optim.SGD(parameters, lr=0.1))
     _require(abs(_number(answer, "answer (ratio)") - result.norm_ratio) <= 1e-3,
-             f"{answer} is not the measured ratio; section 4 of notebook 04 audits the "
+             f"{answer} is not the measured ratio; section 1 of notebook 04b audits the "
              "🤗 Trainer against the ground truth")
     return f"the Trainer's SGD update is {result.norm_ratio:.4f} x the true one"
+
+
+def accelerate_partial_window(answer: object) -> str:
+    model, micro_batches = _tiny_bert_window(2)
+    result = audit_update(accelerate_step(4), model, bert_classification_loss, micro_batches,
+                          lambda parameters: torch.optim.SGD(parameters, lr=0.1))
+    _require(abs(_number(answer, "answer (ratio)") - result.norm_ratio) <= 1e-3,
+             f"{answer} is not the measured ratio; ask what `accelerator.backward` divides "
+             "each loss by, and how many micro-batches came")
+    return (f"Accelerate's SGD update on 2 of 4 micro-batches is {result.norm_ratio:.4f} x the "
+            "true one: each loss divided by 4, though 2 came")
 
 
 # ---- 05: DDP ------------------------------------------------------------------------------
