@@ -44,7 +44,8 @@ $(LAB_OVERRIDES): jupyter/lab-overrides.json
 doctor:
 	@LAB_PORT=$(LAB_PORT) $$( [ -x $(PY) ] && echo $(PY) || echo $(PYTHON) ) scripts/doctor.py
 
-# A static HTML edition of the series (outputs and widget state embedded) in build/site/
+# A static HTML edition in build/site/: the notebooks (outputs and widget state embedded), their
+# solutions, the README and the docs/*.md pages, linked from index.html (docs/site.md)
 site: $(STAMP)
 	$(PY) scripts/build_site.py --out build/site
 
