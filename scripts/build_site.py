@@ -5,10 +5,17 @@ Each committed notebook becomes one page with nbconvert's ``lab`` template: its 
 notebook has widgets, the stored widget state
 (``<script type="application/vnd.jupyter.widget-state+json">``) that the widget manager draws
 sliders from. Each worked solution (``notebooks/solutions/*.ipynb``) becomes a page under
-``solutions/``, linked from its notebook's page and from the index. ``index.html`` links the
-pages in the order of the README's notebook table, with what each notebook proves and its run
-time taken from that table (parsed, never retyped; a "(table below)" that points into the
-README is dropped). Nothing is executed: the pages show the committed outputs.
+``solutions/``, linked from its notebook's page and from the index. The README becomes
+``readme.html`` and each ``docs/NAME.md`` becomes ``docs/NAME.html``, rendered by the same
+template and Markdown renderer as the notebooks' cells (mistune, through nbconvert: tables,
+fenced code, formulas), their headings named as GitHub names them so that ``page.md#heading``
+links hold in both places. ``index.html`` links the notebooks in the order of the README's
+notebook table, with what each notebook proves and its run time taken from that table (parsed,
+never retyped; a "(table below)" that points into the README is dropped), then the README and
+the documentation pages, in the order the README links them, each with its first paragraph
+(its point). A notebook the table lists that is not in ``notebooks/`` yet is left out with a
+warning, and links to it become plain text. Nothing is executed: the pages show the committed
+outputs.
 
 Links stay inside the folder, so that it can be published as it is: a notebook's link to
 another notebook or to a solution goes to its page; a link to any other file of the repository
@@ -30,7 +37,7 @@ JavaScript that the pages load (site_vendor.py). ``--widgets`` and ``--mathjax``
   installed and the registry answers, else ``cdn`` (said on stdout).
 
 Usage: python scripts/build_site.py [--out build/site] [--widgets auto|cdn|npm|DIR]
-                                    [--mathjax auto|cdn|npm|DIR]
+                                    [--mathjax auto|cdn|npm|DIR] [--docs DIR]
 """
 
 from __future__ import annotations
@@ -63,9 +70,13 @@ from site_vendor import (  # noqa: E402,F401 - fetch_*, VENDOR_FILES: the tests'
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
-NOTEBOOK_NAME = re.compile(r"\d\d_[a-z0-9_]+\.ipynb")
+NOTEBOOK_NAME = re.compile(r"\d\d[a-z]?_[a-z0-9_]+\.ipynb")  # 04_..., 04b_...
 TABLE_HEADING = "## The notebooks"
 SOLUTIONS = "solutions"  # the worked solutions' folder, in notebooks/ and in the site
+DOCS = "docs"  # the Markdown pages' folder, beside README.md and in the site
+README_PAGE = "readme.html"
+DOCS_HEADING = "## Documentation"  # the README's list of its pages
+DOCS_LINK = re.compile(r"\]\((docs/[^)#\s]+\.md)")  # the README's links to its pages
 
 
 @dataclass(frozen=True)
@@ -138,21 +149,20 @@ def parse_notebook_table(readme: str) -> Table:
 def order_entries(entries: list[Entry], notebooks: Path) -> tuple[list[Entry], list[str]]:
     """The table's entries, each notebook of ``notebooks`` once, and warnings.
 
-    A notebook listed in the table but absent, or listed twice, raises ValueError. A notebook
-    the table does not list yet is still published, placed by its file name, with a warning:
-    the site is never missing a notebook.
+    A notebook listed twice raises ValueError. A notebook listed in the table but absent (one
+    being written) is left out, with a warning. A notebook the table does not list yet is
+    still published, placed by its file name, with a warning: the site is never missing a
+    notebook.
     """
     listed = [entry.notebook for entry in entries]
     present = sorted(path.name for path in notebooks.glob("*.ipynb"))
-    missing = sorted(set(listed) - set(present))
     twice = sorted({name for name in listed if listed.count(name) > 1})
-    problems = ([f"listed but not in {notebooks}: {missing}"] if missing else []) + (
-        [f"listed twice: {twice}"] if twice else [])
-    if problems:
-        raise ValueError("README.md's notebook table and the notebooks disagree: "
-                         + "; ".join(problems))
-    ordered = list(entries)
-    warnings = []
+    if twice:
+        raise ValueError(f"README.md's notebook table lists notebooks twice: {twice}")
+    ordered = [entry for entry in entries if entry.notebook in present]
+    warnings = [f"warning: {name} is in README.md's notebook table but not in {notebooks}; "
+                "not published, links to it left as text"
+                for name in listed if name not in present]
     for name in sorted(set(present) - set(listed)):
         later = [i for i, entry in enumerate(ordered) if entry.notebook > name]
         ordered.insert(later[0] if later else len(ordered),
@@ -252,22 +262,98 @@ def _index_row(page: Page, links: site_pages.Links) -> str:
             f"<td class='time'>{html.escape(page.entry.run_time)}</td></tr>")
 
 
+# ------------------------------------------------------------------ the README and docs/*.md
+
+
+@dataclass(frozen=True)
+class Document:
+    """A Markdown page of the repository: the README or a page of docs/."""
+
+    source: str  # its path in the repository, e.g. docs/running.md
+    page: str  # its path in the site, e.g. docs/running.html
+    title: str
+    text: str  # its Markdown
+
+    @property
+    def point(self) -> str:
+        return site_pages.markdown_point(self.text)
+
+
+def documents(readme: Path, docs: Path) -> list[Document]:
+    """The README, then each ``docs/*.md`` page in the order of the README's links: those of
+    its ``## Documentation`` section first, then the others by first link, then the pages it
+    does not link, by name."""
+    readme_text = readme.read_text(encoding="utf-8")
+    section = readme_text.partition(f"\n{DOCS_HEADING}\n")[2].split("\n## ", 1)[0]
+    order = list(dict.fromkeys(DOCS_LINK.findall(section) + DOCS_LINK.findall(readme_text)))
+    names = sorted(path.name for path in docs.glob("*.md")) if docs.is_dir() else []
+    names.sort(key=lambda name: (order.index(f"{DOCS}/{name}") if f"{DOCS}/{name}" in order
+                                 else len(order)))
+    pages = [Document("README.md", README_PAGE, "README", readme_text)]
+    for name in names:
+        text = (docs / name).read_text(encoding="utf-8")
+        pages.append(Document(f"{DOCS}/{name}", f"{DOCS}/{name.removesuffix('.md')}.html",
+                              site_pages.markdown_title(text, name), text))
+    return pages
+
+
+def _document_node(document: Document):  # noqa: ANN202 - nbformat's NotebookNode
+    """A one-cell notebook holding ``document``'s Markdown, for the notebooks' exporter."""
+    import nbformat
+
+    node = nbformat.v4.new_notebook()
+    node.cells = [nbformat.v4.new_markdown_cell(document.text)]
+    return node
+
+
+def _document_nav(document: Document, pages: list[Document]) -> str:
+    root = site_pages.up(document.page)
+    links = [(root + "index.html", "&#8962; all notebooks")]
+    if document.page != README_PAGE:
+        links.append((root + README_PAGE, "README"))
+    i = pages.index(document)
+    if i > 1:  # the page before, among the documentation pages
+        links.append((root + pages[i - 1].page, f"&larr; {site_pages.inline(pages[i - 1].title)}"))
+    if 0 < i < len(pages) - 1:
+        links.append((root + pages[i + 1].page, f"{site_pages.inline(pages[i + 1].title)} &rarr;"))
+    return site_pages.nav(links)
+
+
+def _document_row(document: Document, links: site_pages.Links) -> str:
+    point = site_pages.markdown(document.point)
+    folder = posixpath.dirname(document.source)
+    return (f"<tr><td><a href=\"{document.page}\">{site_pages.inline(document.title)}</a><br>"
+            f"<span class='note'><code>{html.escape(document.source)}</code></span></td>"
+            f"<td>{links.rewrite(point, folder, 'index.html')}</td></tr>")
+
+
 def build(out: Path, notebooks: Path = ROOT / "notebooks", readme: Path = ROOT / "README.md",
           widgets: str = "auto", cache: Path = VENDOR_CACHE, mathjax: str = "auto",
-          mathjax_cache: Path = MATHJAX_CACHE, repo: Path = ROOT) -> list[Path]:
+          mathjax_cache: Path = MATHJAX_CACHE, repo: Path = ROOT,
+          docs: Path | None = None) -> list[Path]:
     """Write the site into ``out``; returns the pages: the index, the notebooks', the
-    solutions', then the source files'. Files the notebooks link are read from ``repo``."""
+    solutions', the README's and the documentation pages', then the source files'. The
+    Markdown pages are read from ``docs`` (default: the ``docs/`` beside ``readme``); other
+    files the pages link are read from ``repo``."""
     readme_text = readme.read_text(encoding="utf-8")
     table = parse_notebook_table(readme_text)
     entries, warnings = order_entries(table.entries, notebooks)
     for warning in warnings:
         print(warning, flush=True)
+    # being written: notebooks the table lists that are not there yet, and worked solutions
+    # not there yet (tests/test_exercises.py requires one per notebook); links to them: text
+    pending = {f"notebooks/{entry.notebook}" for entry in table.entries} - {
+        f"notebooks/{entry.notebook}" for entry in entries}
+    pending |= {f"notebooks/{SOLUTIONS}/{solution}" for solution in (
+        entry.notebook.removesuffix(".ipynb") + "_solutions.ipynb" for entry in entries)
+        if not (notebooks / SOLUTIONS / solution).is_file()}
+    markdown_pages = documents(readme, readme.parent / DOCS if docs is None else docs)
     widget_folder, widget_note = resolve_widgets(widgets, cache)
     mathjax_folder, mathjax_note = resolve_mathjax(mathjax, mathjax_cache)
     out.mkdir(parents=True, exist_ok=True)
     widgets_url = copy_static(out, "widgets", widget_folder)
     mathjax_dir = copy_static(out, "mathjax", mathjax_folder)
-    for folder in (SOLUTIONS, "source"):  # written afresh: nothing stale is published
+    for folder in (SOLUTIONS, DOCS, "source"):  # written afresh: nothing stale is published
         shutil.rmtree(out / folder, ignore_errors=True)
 
     def mathjax_url(root: str) -> str:
@@ -281,7 +367,9 @@ def build(out: Path, notebooks: Path = ROOT / "notebooks", readme: Path = ROOT /
 
     pages = _load(notebooks, entries)
     numbered = [page for page in pages if page.entry is not None]
-    links = site_pages.Links(repo, {f"notebooks/{page.notebook}": page.page for page in pages})
+    links = site_pages.Links(repo, {
+        **{f"notebooks/{page.notebook}": page.page for page in pages},
+        **{document.source: document.page for document in markdown_pages}}, pending)
     exporters = {}
     written = []
     for page in pages:
@@ -296,8 +384,27 @@ def build(out: Path, notebooks: Path = ROOT / "notebooks", readme: Path = ROOT /
         body = body.replace("<main>", "<main>\n" + _nav(page, numbered)
                             + site_pages.contents(body), 1)
         written.append(write(page.page, body))
+    for document in markdown_pages:
+        root = site_pages.up(document.page)
+        if root not in exporters:
+            exporters[root] = site_pages.exporter(widgets_url and root + widgets_url)
+        body, _ = exporters[root].from_notebook_node(_document_node(document), resources={
+            "metadata": {"name": document.title, "path": str(readme.parent)},
+            "site_mathjax": site_pages.mathjax_head(mathjax_url(root)),
+            "site_css": site_pages.CSS})
+        body = site_pages.github_ids(body)
+        body = links.rewrite(body, posixpath.dirname(document.source), document.page)
+        body = body.replace("<main>", "<main>\n" + _document_nav(document, markdown_pages)
+                            + site_pages.contents(body), 1)
+        written.append(write(document.page, body))
     rows = [_index_row(page, links) for page in numbered]
-    titles = {page.page: page.title for page in pages}
+    doc_rows = [_document_row(document, links) for document in markdown_pages]
+    for path, named_from in sorted(links.unlinked.items()):
+        print(f"warning: {path} is not written yet: named as text, unlinked, in "
+              f"{', '.join(dict.fromkeys(named_from))}", flush=True)
+    titles = {page.page: page.title for page in pages} | {
+        document.page: document.title for document in markdown_pages} | {
+        "index.html": "the index"}
     for repo_path, linked_from in links.sources.items():
         try:
             text = (repo / repo_path).read_text(encoding="utf-8")
@@ -310,12 +417,14 @@ def build(out: Path, notebooks: Path = ROOT / "notebooks", readme: Path = ROOT /
                          if line.startswith("# ")), "gradaccum")
     index = write("index.html", site_pages.index_page(
         readme_title, table.time_header, rows, mathjax_url(""),
-        [widget_note, f"formulas typeset by {mathjax_note}"]))
+        [widget_note, f"formulas typeset by {mathjax_note}"], doc_rows))
     (out / "pages.json").write_text(json.dumps([{
         "notebook": page.notebook, "page": page.page, "title": page.title,
         "widgets": has_widgets(page.node), "run_time": page.entry and page.entry.run_time,
-        "solutions": page.solutions} for page in pages], indent=1, ensure_ascii=False) + "\n",
-        encoding="utf-8")
+        "solutions": page.solutions} for page in pages] + [{
+        "markdown": document.source, "page": document.page, "title": document.title,
+        "widgets": False} for document in markdown_pages], indent=1, ensure_ascii=False)
+        + "\n", encoding="utf-8")
     print(widget_note, flush=True)
     print(f"formulas: {mathjax_note}", flush=True)
     return [index, *written]
@@ -326,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "site")
     parser.add_argument("--notebooks", type=Path, default=ROOT / "notebooks")
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    parser.add_argument("--docs", type=Path, default=None,
+                        help="the Markdown pages' folder (default: docs/ beside the README)")
     parser.add_argument("--widgets", default="auto",
                         help="auto (default), cdn, npm, or a folder with embed-amd.js and "
                              "require.js")
@@ -336,14 +447,17 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         pages = build(args.out, args.notebooks, args.readme, args.widgets,
-                      mathjax=args.mathjax)
+                      mathjax=args.mathjax, docs=args.docs)
     except (ValueError, RuntimeError, OSError) as error:
         print(f"build_site: {error}", file=sys.stderr)
         return 1
-    folders = [path.relative_to(args.out).parts[:-1] for path in pages[1:]]
-    print(f"{folders.count(())} notebooks -> {pages[0]} ({folders.count((SOLUTIONS,))} "
-          f"solution pages, {len(folders) - folders.count(()) - folders.count((SOLUTIONS,))} "
-          f"source files) in {time.perf_counter() - start:.1f} s")
+    kinds = [path.relative_to(args.out).parts for path in pages[1:]]
+    notebook_pages = sum(len(parts) == 1 and parts[0] != README_PAGE for parts in kinds)
+    solution_pages = sum(parts[0] == SOLUTIONS for parts in kinds)
+    doc_pages = sum(parts[0] == DOCS or parts == (README_PAGE,) for parts in kinds)
+    print(f"{notebook_pages} notebooks -> {pages[0]} ({solution_pages} solution pages, "
+          f"{doc_pages} Markdown pages, {len(kinds) - notebook_pages - solution_pages - doc_pages}"
+          f" source files) in {time.perf_counter() - start:.1f} s")
     return 0
 
 

@@ -22,6 +22,7 @@ SELF_REFERENCE = re.compile(r"\s*\((?:see\s+)?(?:the\s+)?(?:table|section|list)\
                             r"(?:below|above)\)", re.IGNORECASE)
 SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
 A_HREF = re.compile(r'(<a\s[^>]*?\bhref=")([^"]*)(")')
+A_ELEMENT = re.compile(r'<a\s[^>]*?\bhref="([^"]*)"[^>]*>(.*?)</a>', re.DOTALL)
 HEADING = re.compile(r'<h([1-6]) id="([^"]*)">(.*?)</h\1>', re.DOTALL)
 ANCHOR_LINK = re.compile(r'<a class="anchor-link"[^>]*>.*?</a>', re.DOTALL)
 
@@ -115,6 +116,44 @@ def inline(text: str) -> str:
     return markdown(text).strip().removeprefix("<p>").removesuffix("</p>")
 
 
+def github_ids(body: str) -> str:
+    """``body`` with each heading's id (and its anchor link) as GitHub names it: lower case,
+    punctuation dropped, spaces as hyphens, ``-1``, ``-2``... for repeats. A Markdown page's
+    ``page.md#sizes-and-devices`` then works on GitHub and in the site alike."""
+    used: dict[str, int] = {}
+
+    def one(match: re.Match) -> str:
+        level, old, inner = match.groups()
+        label = html.unescape(re.sub(r"<[^>]+>", "", ANCHOR_LINK.sub("", inner))).strip()
+        slug = re.sub(r"[^\w\- ]", "", label.lower()).replace(" ", "-")
+        repeat = used.get(slug, 0)
+        used[slug] = repeat + 1
+        slug = html.escape(f"{slug}-{repeat}" if repeat else slug)
+        inner = inner.replace(f'href="#{old}"', f'href="#{slug}"')
+        return f'<h{level} id="{slug}">{inner}</h{level}>'
+
+    return HEADING.sub(one, body)
+
+
+def markdown_title(text: str, fallback: str) -> str:
+    """The first ``# `` heading of a Markdown text (without the #), else ``fallback``."""
+    return next((line[2:].strip() for line in text.splitlines() if line.startswith("# ")),
+                fallback)
+
+
+def markdown_point(text: str) -> str:
+    """The first paragraph after a Markdown text's title: the page's point."""
+    lines = text.splitlines()
+    start = next((i + 1 for i, line in enumerate(lines) if line.startswith("# ")), 0)
+    paragraph: list[str] = []
+    for line in lines[start:]:
+        if line.strip():
+            paragraph.append(line.strip())
+        elif paragraph:
+            break
+    return " ".join(paragraph)
+
+
 def up(site_page: str) -> str:
     """The relative way from ``site_page``'s folder back to the site's root ("" or "../...")."""
     return "../" * site_page.count("/")
@@ -147,15 +186,20 @@ def source_page_path(repo_path: str) -> str:
 class Links:
     """Where the files that the notebooks link are in the site.
 
-    ``pages`` maps a repository path (``notebooks/01_the_math.ipynb``) to its page in the site
-    (``01_the_math.html``). Any other file of the repository that a page links gets a page of
-    its own holding a copy of its text (``source/<path>.html``), listed in ``sources``; a link
-    to what is not a file of the repository is refused (ValueError).
+    ``pages`` maps a repository path (``notebooks/01_the_math.ipynb``, ``docs/running.md``) to
+    its page in the site (``01_the_math.html``, ``docs/running.html``). Any other file of the
+    repository that a page links gets a page of its own holding a copy of its text
+    (``source/<path>.html``), listed in ``sources``; a link to what is not a file of the
+    repository is refused (ValueError). A link to a path of ``pending`` (a notebook the README
+    lists that is not written yet) becomes its text, unlinked.
     """
 
-    def __init__(self, repo: Path, pages: dict[str, str]) -> None:
+    def __init__(self, repo: Path, pages: dict[str, str], pending: set[str] = frozenset()
+                 ) -> None:
         self.repo = repo
         self.pages = pages
+        self.pending = set(pending)
+        self.unlinked: dict[str, list[str]] = {}  # pending path -> the pages that named it
         self.sources: dict[str, list[str]] = {}  # repository path -> the pages that link it
 
     def target(self, repo_path: str, linked_from: str) -> str:
@@ -169,24 +213,43 @@ class Links:
             pages.append(linked_from)
         return source_page_path(repo_path)
 
+    @staticmethod
+    def repo_path(url: str, repo_folder: str, site_page: str) -> tuple[str, str] | None:
+        """(the repository path a relative link names, its "#fragment" or ""), or None for a
+        link that is not to a file (external, an anchor on the page)."""
+        if not url or url.startswith(("#", "/", "?")) or SCHEME.match(url):
+            return None
+        path, hash_mark, fragment = url.partition("#")
+        path = path.partition("?")[0]
+        repo_path = posixpath.normpath(posixpath.join(repo_folder, unquote(path)))
+        if repo_path == ".." or repo_path.startswith("../"):
+            raise ValueError(f"{site_page}: the link {url!r} leaves the repository")
+        return repo_path, hash_mark + fragment
+
     def rewrite(self, body: str, repo_folder: str, site_page: str) -> str:
-        """``body``'s relative links, written from ``repo_folder`` (where the notebook is in the
-        repository, "" for the README), as links from ``site_page`` to pages of the site."""
+        """``body``'s relative links, written from ``repo_folder`` (where the notebook or the
+        Markdown page is in the repository, "" for the README), as links from ``site_page``
+        to pages of the site."""
+
+        def unlink(match: re.Match) -> str:
+            found = self.repo_path(html.unescape(match.group(1)), repo_folder, site_page)
+            if found is None or found[0] not in self.pending:
+                return match.group(0)
+            self.unlinked.setdefault(found[0], []).append(site_page)
+            return f'<span class="pending" title="not published yet">{match.group(2)}</span>'
 
         def one(match: re.Match) -> str:
-            url = html.unescape(match.group(2))
-            if not url or url.startswith(("#", "/", "?")) or SCHEME.match(url):
+            found = self.repo_path(html.unescape(match.group(2)), repo_folder, site_page)
+            if found is None:
                 return match.group(0)
-            path, hash_mark, fragment = url.partition("#")
-            path = path.partition("?")[0]
-            repo_path = posixpath.normpath(posixpath.join(repo_folder, unquote(path)))
-            if repo_path == ".." or repo_path.startswith("../"):
-                raise ValueError(f"{site_page}: the link {url!r} leaves the repository")
+            repo_path, fragment = found
             target = self.target(repo_path, site_page)
             relative = posixpath.relpath(target, posixpath.dirname(site_page) or ".")
-            new = quote(relative) + hash_mark + fragment
+            new = quote(relative) + fragment
             return match.group(1) + html.escape(new) + match.group(3)
 
+        if self.pending:
+            body = A_ELEMENT.sub(unlink, body)
         return A_HREF.sub(one, body)
 
 
@@ -222,8 +285,17 @@ pre {{ font: 13px/1.45 ui-monospace, monospace; background: #f6f6f6; padding: 12
 
 
 def index_page(title: str, time_header: str, rows: list[str], mathjax_url: str,
-               notes: list[str]) -> str:
-    """The index: ``rows`` are the table's ``<tr>`` rows, ``notes`` what the build used."""
+               notes: list[str], doc_rows: list[str] = ()) -> str:
+    """The index: ``rows`` are the notebook table's ``<tr>`` rows, ``doc_rows`` the README's
+    and the documentation pages' rows, ``notes`` what the build used."""
+    docs = "" if not doc_rows else f"""<h2 id="documentation">The README and the documentation</h2>
+<table id="docs">
+<thead><tr><th>page</th><th>what it is for</th></tr></thead>
+<tbody>
+{chr(10).join(doc_rows)}
+</tbody>
+</table>
+"""
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -254,8 +326,8 @@ no Python runs behind a static page; for that, open the notebooks with <code>mak
 {chr(10).join(rows)}
 </tbody>
 </table>
-<p class="note">Built by <code>make site</code> (scripts/build_site.py) from README.md and
-notebooks/; {"; ".join(html.escape(note) for note in notes)}.</p>
+{docs}<p class="note">Built by <code>make site</code> (scripts/build_site.py) from README.md,
+docs/ and notebooks/; {"; ".join(html.escape(note) for note in notes)}.</p>
 </body>
 </html>
 """

@@ -1,9 +1,10 @@
 """scripts/build_site.py (`make site`): the static HTML edition and its index.
 
-The real series (a read-only snapshot of notebooks/, notebooks/solutions/ and README.md) is
-built once into a temporary folder (about 15 s), with stand-in folders of widget and MathJax
-files so that no network is needed; small synthetic inputs cover the parser, the CDN mode and
-the links. Every link of the built site is walked (tests/site_links.py).
+The real series (a read-only snapshot of notebooks/, notebooks/solutions/, README.md and
+docs/) is built once into a temporary folder (about 15 s), with stand-in folders of widget and
+MathJax files so that no network is needed; small synthetic inputs cover the parser, the CDN
+mode, the links and the Markdown pages. Every link of the built site is walked
+(tests/site_links.py).
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ def site(tmp_path_factory):
             (source / folder / path.name).chmod(0o444)
     shutil.copy(ROOT / "README.md", source / "README.md")
     (source / "README.md").chmod(0o444)
+    (source / "docs").mkdir()
+    for path in (ROOT / "docs").glob("*.md"):
+        shutil.copy(path, source / "docs" / path.name)
+        (source / "docs" / path.name).chmod(0o444)
     vendor = tmp_path_factory.mktemp("vendor")
     (vendor / "embed-amd.js").write_text("/* stand-in */")
     (vendor / "require.js").write_text("/* stand-in */")
@@ -60,17 +65,18 @@ def test_index_links_every_notebook_in_the_readme_order(site):
     entries, _ = build_site.order_entries(table.entries, source / "notebooks")
     order = [entry.notebook for entry in entries]
     assert sorted(order) == sorted(path.name for path in (source / "notebooks").glob("*.ipynb"))
-    listed = [entry.notebook for entry in table.entries]
+    present = {path.name for path in (source / "notebooks").glob("*.ipynb")}
+    listed = [entry.notebook for entry in table.entries if entry.notebook in present]
     assert [name for name in order if name in listed] == listed  # the README's order
-    links = re.findall(r'<a href="(\d\d_[a-z0-9_]+\.html)">', index)
+    links = re.findall(r'<a href="(\d\d[a-z]?_[a-z0-9_]+\.html)">', index)
     assert links == [name.removesuffix(".ipynb") + ".html" for name in order]
     assert [page.name for page in pages[:1 + len(links)]] == ["index.html", *links]
     for link in links:
         assert (out / link).is_file()
     # each row carries the README's run time and what the notebook proves
-    rows = index.split("<tr>")[2:]
+    rows = index.split('<table id="notebooks">')[1].split("</table>")[0].split("<tr>")[2:]
     by_link = {re.search(r'href="([^"]+)"', row).group(1): row for row in rows}
-    for entry in table.entries:
+    for entry in (entry for entry in table.entries if entry.notebook in present):
         row = by_link[entry.notebook.removesuffix(".ipynb") + ".html"]
         assert f"<td class='time'>{html.escape(entry.run_time)}</td>" in row
         words = re.sub(r"[`$\\{}]", "", entry.proves).split()[-4:]
@@ -135,7 +141,7 @@ def test_the_table_parser_finds_columns_by_header_and_links():
         build_site.parse_notebook_table(README.replace("| time |", "| minutes |"))
 
 
-def test_unlisted_notebooks_are_placed_by_name_and_missing_ones_refused(tmp_path):
+def test_unlisted_notebooks_are_placed_by_name_and_missing_ones_left_out(tmp_path):
     for name in ("00_z.ipynb", "01_a.ipynb", "02_b.ipynb"):
         _notebook(tmp_path, name, widgets=False)
     table = build_site.parse_notebook_table(README)
@@ -143,9 +149,14 @@ def test_unlisted_notebooks_are_placed_by_name_and_missing_ones_refused(tmp_path
     assert [entry.notebook for entry in entries] == ["00_z.ipynb", "02_b.ipynb", "01_a.ipynb"]
     assert warnings == ["warning: 00_z.ipynb is not in README.md's notebook table; published "
                         "without its description and run time"]
-    (tmp_path / "01_a.ipynb").unlink()
-    with pytest.raises(ValueError, match=r"listed but not in .*\['01_a.ipynb'\]"):
-        build_site.order_entries(table.entries, tmp_path)
+    (tmp_path / "01_a.ipynb").unlink()  # listed, not written yet: left out, with a warning
+    entries, warnings = build_site.order_entries(table.entries, tmp_path)
+    assert [entry.notebook for entry in entries] == ["00_z.ipynb", "02_b.ipynb"]
+    assert warnings[0] == (f"warning: 01_a.ipynb is in README.md's notebook table but not in "
+                           f"{tmp_path}; not published, links to it left as text")
+    twice = build_site.Table("time", [*table.entries, table.entries[0]])
+    with pytest.raises(ValueError, match=r"lists notebooks twice: \['02_b.ipynb'\]"):
+        build_site.order_entries(twice.entries, tmp_path)
 
 
 def test_cdn_mode_and_a_bad_widgets_folder(tmp_path, capsys):
@@ -160,7 +171,7 @@ def test_cdn_mode_and_a_bad_widgets_folder(tmp_path, capsys):
                             "--mathjax", "cdn"]) == 0
     assert "2 notebooks ->" in capsys.readouterr().out
     index = (out / "index.html").read_text()
-    assert re.findall(r'<a href="(\d\d_\w+\.html)">', index) == ["02_b.html", "01_a.html"]
+    assert re.findall(r'<a href="(\d\d[a-z]?_\w+\.html)">', index) == ["02_b.html", "01_a.html"]
     assert "Title of 02_b.ipynb" in index and "~2 s" in index
     page = (out / "02_b.html").read_text()
     assert STATE_SCRIPT in page and "https://unpkg.com/@jupyter-widgets/html-manager@" in page
@@ -276,7 +287,7 @@ def test_formulas_are_left_to_the_local_mathjax_on_every_page(site):
     for page in html_files(out):
         text = page.read_text()
         if page.is_relative_to(out / "source"):
-            assert "mathjax" not in text.lower(), page  # a copy of a file: no TeX to typeset
+            assert "<script" not in text.lower(), page  # a copy of a file: no TeX to typeset
             continue
         root = "../" * (len(page.relative_to(out).parts) - 1)
         assert f'<script src="{root}_static/mathjax/tex-chtml-full.js">' in text, page
@@ -293,7 +304,7 @@ def test_the_index_points_to_nothing_it_does_not_hold_and_emoji_are_words(site):
     out, _, _ = site
     index = html.unescape(re.sub(r"<[^>]+>", "", (out / "index.html").read_text()))
     assert "below" not in index and "above" not in index
-    assert "the article the series answers, claim by claim: each claim paraphrased" in index
+    assert "the article's claims checked one by one: each paraphrased" in index
     for page in html_files(out):
         assert not re.search("[\U0001F000-\U0001FAFF]", page.read_text()), page
     assert "the 2024 Hugging Face transformers" in index
@@ -326,7 +337,7 @@ def test_links_to_the_repository_and_to_solutions_in_a_small_series(tmp_path):
 
     pages = build()
     assert [page.relative_to(out).as_posix() for page in pages] == [
-        "index.html", "02_b.html", "01_a.html", "solutions/02_b_solutions.html",
+        "index.html", "02_b.html", "01_a.html", "solutions/02_b_solutions.html", "readme.html",
         "source/src/a.py.html"]
     assert 'href="source/src/a.py.html#L1"' in (out / "01_a.html").read_text()
     assert 'href="../source/src/a.py.html"' in (out / "solutions/02_b_solutions.html").read_text()
@@ -338,3 +349,116 @@ def test_links_to_the_repository_and_to_solutions_in_a_small_series(tmp_path):
     _linking_notebook(tmp_path / "notebooks", "01_a.ipynb", "../../elsewhere.py")
     with pytest.raises(ValueError, match="01_a.html: the link '../../elsewhere.py' leaves"):
         build()
+
+
+# ------------------------------------------------------------ the README and the docs/ pages
+
+
+def test_every_docs_page_is_rendered_and_linked_from_the_index_and_the_readme(site):
+    out, _, source = site
+    names = sorted(path.stem for path in (source / "docs").glob("*.md"))
+    assert names, "no docs/*.md page"
+    index = (out / "index.html").read_text()
+    docs_table = index.split('<table id="docs">', 1)[1].split("</table>", 1)[0]
+    linked = re.findall(r'<td><a href="([^"]+)">', docs_table)
+    assert linked[0] == "readme.html"
+    assert sorted(linked[1:]) == [f"docs/{name}.html" for name in names]
+    readme = (source / "README.md").read_text()
+    listing = json.loads((out / "pages.json").read_text())
+    for name in names:
+        text = (source / "docs" / f"{name}.md").read_text()
+        title = build_site.site_pages.markdown_title(text, name)
+        page = (out / "docs" / f"{name}.html").read_text()
+        assert f"<title>{html.escape(title)}</title>" in page, name
+        assert '<a href="../index.html">' in page and '<a href="../readme.html">' in page, name
+        assert f"](docs/{name}.md" in readme, f"the README does not link docs/{name}.md"
+        assert text.startswith(f"# {title}\n\n"), f"{name}.md: a title, then its point"
+        point = build_site.site_pages.markdown_point(text)
+        assert len(point) > 100, f"{name}.md starts with a one-paragraph point"
+        assert {"markdown": f"docs/{name}.md", "page": f"docs/{name}.html", "title": title,
+                "widgets": False} in listing
+    # the README's own order of its documentation list, taken by the index
+    section = readme.split("\n## Documentation\n", 1)[1].split("\n## ", 1)[0]
+    assert linked[1:] == [link.replace(".md", ".html")
+                          for link in re.findall(r"\]\((docs/[^)#]+\.md)", section)]
+    assert (out / "readme.html").is_file()
+
+
+def test_links_between_the_readme_the_docs_and_the_notebooks_stay_in_the_site(site):
+    out, _, _ = site
+    readme = (out / "readme.html").read_text()
+    assert 'href="docs/running.html#what-make-lab-does"' in readme  # README -> docs, heading
+    assert 'href="00_the_article.html"' in readme  # README -> notebook
+    training = (out / "docs" / "training.html").read_text()
+    assert 'href="../05_ddp_torchrun.html"' in training  # docs -> notebook
+    assert 'href="security.html"' in training  # docs -> docs
+    assert 'href="../source/tests/test_train.py.html"' in training  # docs -> a source copy
+    assert 'id="the-three-commands"' in training  # headings named as GitHub names them
+    for page in [out / "readme.html", *sorted((out / "docs").glob("*.html"))]:
+        assert not re.search(r'href="[^"]*\.(?:md|ipynb)(?:#[^"]*)?"', page.read_text()), page
+    # the link walk of test_every_link_of_the_site_stays_in_it_and_resolves covers these pages
+    # and their #anchors too
+
+
+def test_markdown_tables_and_fenced_code_render(site):
+    out, _, _ = site
+    commands = (out / "docs" / "commands.html").read_text()
+    assert "<table>" in commands and "<th>command</th>" in commands
+    assert "<td><code>make site</code></td>" in commands
+    training = (out / "docs" / "training.html").read_text()
+    blocks = re.findall(r'<div class="highlight"><pre>(.*?)</pre></div>', training, re.DOTALL)
+    assert len(blocks) == 2
+    assert "gradaccum_lib.jobs.train" in re.sub(r"<[^>]+>", "", blocks[0])
+    assert "```" not in training
+    readme = (out / "readme.html").read_text()
+    assert readme.count("<table>") == 2  # the notebook map and the article's claims
+    assert "$\\nabla L = \\sum_j \\frac{n_j}{N}\\nabla L_j$" in readme  # left to MathJax
+
+
+def test_markdown_pages_in_a_small_series(tmp_path, capsys):
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "docs").mkdir()
+    _notebook(tmp_path / "notebooks", "01_a.ipynb", widgets=False)
+    _notebook(tmp_path / "notebooks", "02_b.ipynb", widgets=False)
+    (tmp_path / "src.py").write_text("x = 1\n")
+    readme = README.replace(
+        "| ~1 s |\n", "| ~1 s |\n| not yet | [`03_c.ipynb`](notebooks/03_c.ipynb) | ~5 s |\n"
+    ) + "\n## Documentation\n\n- [Two](docs/two.md)\n- [One](docs/one.md#the-part-here-1)\n"
+    (tmp_path / "README.md").write_text(readme)
+    (tmp_path / "docs" / "one.md").write_text(
+        "# Page one\n\nIts point, with [a notebook](../notebooks/01_a.ipynb).\n\n"
+        "## The `part`: here\n\nSee [two](two.md#a-table), [the code](../src.py) and "
+        "[the coming notebook](../notebooks/03_c.ipynb) and [its solutions]"
+        "(../notebooks/solutions/01_a_solutions.ipynb).\n\n## The `part`: here\n")
+    (tmp_path / "docs" / "two.md").write_text(
+        "# Page two\n\nIts point.\n\n## A table\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
+        "```python\nprint(1)\n```\n\n[Back](../README.md)\n")
+    out = tmp_path / "site"
+    pages = build_site.build(out, notebooks=tmp_path / "notebooks",
+                             readme=tmp_path / "README.md", widgets="cdn", mathjax="cdn",
+                             repo=tmp_path)
+    assert [page.relative_to(out).as_posix() for page in pages] == [
+        "index.html", "02_b.html", "01_a.html", "readme.html", "docs/two.html",
+        "docs/one.html", "source/src.py.html"]
+    one = (out / "docs" / "one.html").read_text()
+    assert 'href="../01_a.html"' in one and 'href="two.html#a-table"' in one
+    assert 'href="../source/src.py.html"' in one
+    assert ('<span class="pending" title="not published yet">the coming notebook</span>'
+            in one)  # listed in the README's table, not written yet
+    assert '<span class="pending" title="not published yet">its solutions</span>' in one
+    assert 'id="the-part-here"' in one and 'id="the-part-here-1"' in one  # GitHub's names
+    two = (out / "docs" / "two.html").read_text()
+    assert "<td>1</td>" in two and '<div class="highlight"><pre>' in two
+    assert 'href="../readme.html"' in two
+    index = (out / "index.html").read_text()
+    assert re.findall(r'<td><a href="([^"]+)">', index.split('id="docs"')[1]) == [
+        "readme.html", "docs/two.html", "docs/one.html"]
+    assert 'Its point, with <a href="01_a.html">a notebook</a>.' in index
+    assert "03_c" not in index.split('id="docs"')[0]  # no row for a notebook not yet written
+    assert broken_links(out) == [] and broken_anchors(out) == []
+    assert ("warning: notebooks/solutions/01_a_solutions.ipynb is not written yet: named as "
+            "text, unlinked, in docs/one.html") in capsys.readouterr().out
+    (tmp_path / "docs" / "two.md").write_text("# Page two\n\n[Gone](gone.md)\n")
+    with pytest.raises(ValueError, match="docs/two.html links docs/gone.md, which is not a"):
+        build_site.build(out, notebooks=tmp_path / "notebooks", readme=tmp_path / "README.md",
+                         widgets="cdn", mathjax="cdn", repo=tmp_path)

@@ -289,9 +289,11 @@ def test_a_checkpoint_dir_that_is_a_file_is_refused_by_argparse(tmp_path, capsys
     assert "is a file, not a folder" in capsys.readouterr().err
 
 
-def _readme_command(marker: str) -> tuple[dict[str, str], list[str]]:
-    """The README's command under the comment line ``marker``: its VAR=value prefix and argv."""
-    lines = (Path(__file__).resolve().parent.parent / "README.md").read_text().splitlines()
+def _documented_command(marker: str) -> tuple[dict[str, str], list[str]]:
+    """The command of docs/training.md (where the README sends readers for the job's
+    commands) under the comment line ``marker``: its VAR=value prefix and argv."""
+    page = Path(__file__).resolve().parent.parent / "docs" / "training.md"
+    lines = page.read_text().splitlines()
     start = next(index for index, line in enumerate(lines) if line.startswith(marker)) + 1
     command = []
     for line in lines[start:]:
@@ -303,8 +305,8 @@ def _readme_command(marker: str) -> tuple[dict[str, str], list[str]]:
     return dict(word.split("=", 1) for word in prefix), words[words.index("torchrun") + 1:]
 
 
-def test_the_readme_two_process_command_learns(tmp_path, started):
-    env, argv = _readme_command("# 2. one node, N processes")
+def test_the_documented_two_process_command_learns(tmp_path, started):
+    env, argv = _documented_command("# 2. one node, N processes")
     assert env == {"GRADACCUM_PROFILE": "ci"}  # the command names its profile
     argv = [arg.replace("build/emr-2", str(tmp_path)) for arg in argv]
     process = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *argv],

@@ -12,6 +12,8 @@ with every non-file request refused, and checks, following the pages' own links:
   index's row for 01, and in 02's heading "4. Explore: $k$ ..." and its entry in the contents;
 * a notebook's link to its solutions opens the solution page (its title), whose link leads back;
 * a link to a source file opens the copy of its text in the site;
+* the index links the README and the documentation pages (docs/*.md rendered): a table and a
+  fenced code block are drawn as such, and their links lead to other pages and to notebooks;
 
 and that no request left the machine and no file the pages asked for was missing. Every link
 of the built site (with the real vendored files) is also checked (tests/site_links.py). A
@@ -187,6 +189,27 @@ def test_a_notebook_links_its_solutions_and_its_source_files(offline, site):
     first_line = (ROOT / "gradaccum_lib" / "jobs" / "ddp.py").read_text().splitlines()[0]
     assert page.locator("pre#source").inner_text().startswith(first_line)
     offline.follow("../../../index.html")
+
+
+def test_the_readme_and_the_docs_pages_open_and_lead_to_the_notebooks(offline, site):
+    page = offline.page
+    page.goto((site / "index.html").as_uri())
+    offline.follow("readme.html")
+    assert page.locator("table").count() == 2  # the notebook map and the article's claims
+    _typeset(page.locator("tr", has=page.locator("a[href='01_the_math.html']")).first,
+             "the README's notebook map, row 01")
+    offline.follow("docs/training.html")
+    assert page.locator("h1").first.inner_text().startswith("Training the case study")
+    assert "gradaccum_lib.jobs.train" in page.locator("div.highlight pre").first.inner_text()
+    offline.screenshot("docs-training")
+    offline.follow("security.html")  # docs -> docs
+    assert page.locator("h1").first.inner_text().startswith("Security note")
+    page.goto((site / "docs" / "commands.html").as_uri())
+    assert page.locator("table th").first.inner_text() == "command"
+    page.goto((site / "docs" / "training.html").as_uri())
+    offline.follow("../05_ddp_torchrun.html")  # docs -> notebook
+    assert page.title() == {entry["page"]: entry for entry in _pages(site)}[
+        "05_ddp_torchrun.html"]["title"]
 
 
 def test_every_link_of_the_site_with_its_vendored_files_resolves(site):
