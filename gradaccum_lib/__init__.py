@@ -1,6 +1,6 @@
 """gradaccum_lib: the helper package of the gradaccum teaching series.
 
-The public contract (see the README): split a batch into micro-batches, compute accumulated
+The public contract (see docs/library.md): split a batch into micro-batches, compute accumulated
 and full-batch gradients under the ``loss_fn(model, batch) -> (summed_loss, num_items)``
 contract, and measure how far apart two sets of gradients are.
 """

@@ -68,7 +68,7 @@ def test_notebooks_are_committed_executed_in_order_without_errors():
     notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
     assert notebooks, "no notebooks found"
     for path in notebooks:
-        assert re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", path.name), path.name
+        assert re.fullmatch(r"\d\d[a-z]?_[a-z0-9_]+\.ipynb", path.name), path.name
         notebook = json.loads(path.read_text())
         code = [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
         counts = [cell["execution_count"] for cell in code]

@@ -50,7 +50,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--micro-batch-size", type=_positive_int, default=8)
     add("--epochs", type=_positive_int, default=profile.emr_epochs,
         help="default: the profile's (ci and cpu 8, gpu 20; the ci run reaches validation "
-             "macro-F1 about 0.8, see the README)")
+             "macro-F1 about 0.8, see docs/training.md)")
     add("--lr", type=_positive_float, default=profile.emr_lr,
         help="AdamW's peak learning rate (default: the profile's: ci 3e-3, cpu and gpu 1e-3)")
     add("--warmup-steps", type=_non_negative_int, default=None,
