@@ -49,14 +49,20 @@ doctor:
 site: $(STAMP)
 	$(PY) scripts/build_site.py --out build/site
 
-test: $(STAMP)
-	$(NOTEBOOK_ENV) $(PY) -m pytest tests notebooks -m "not browser" --nbval \
-		--nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
-		--nbval-cell-timeout=600
+# pytest-xdist: TEST_WORKERS processes (2: CI's cores; TEST_WORKERS=auto on a bigger machine,
+# 0 for one process). --dist loadfile keeps each file on one worker: a notebook's cells run in
+# order in one kernel, and a test file's module fixtures are built once.
+TEST_WORKERS ?= 2
 
-# JupyterLab in Chromium (/usr/bin/chromium; Debian: apt-get install chromium): the sliders
+test: $(STAMP)
+	$(NOTEBOOK_ENV) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests notebooks \
+		-m "not browser" --nbval --nbval-current-env \
+		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
+
+# JupyterLab in Chromium (/usr/bin/chromium; Debian: apt-get install chromium): the sliders.
+# --dist load spreads the notebooks over the workers; each worker starts its own JupyterLab.
 test-browser: $(STAMP)
-	$(NOTEBOOK_ENV) $(PY) -m pytest tests/browser -m browser -v
+	$(NOTEBOOK_ENV) $(PY) -m pytest -n $(TEST_WORKERS) --dist load tests/browser -m browser -v
 
 notebooks: $(STAMP)
 	$(NOTEBOOK_ENV) $(PY) scripts/execute_notebooks.py notebooks/*.ipynb notebooks/solutions/*.ipynb
