@@ -439,12 +439,26 @@ def figure(results: dict) -> Figure:
     return fig
 
 
+def readme_around_section(readme: Path, start: str, end: str) -> tuple[str, str] | None:
+    """Return the text of ``readme`` before ``start`` and after ``end`` (None if there is no
+    file); raise ValueError unless each marker occurs once, ``start`` first: the hand-written
+    rest of the page must survive the rewrite."""
+    if not readme.is_file():
+        return None
+    text = readme.read_text()
+    counts = {marker: text.count(marker) for marker in (start, end)}
+    if counts != {start: 1, end: 1} or text.index(start) > text.index(end):
+        raise ValueError(f"{readme} must hold {start} once, then {end} once, around the section "
+                         f"the benchmark rewrites; got counts {counts}: restore the markers")
+    head, rest = text.split(start, 1)
+    return head, rest.split(end, 1)[1]
+
+
 def write_readme_section(readme: Path, start: str, end: str, table: str, title: str) -> None:
     """Replace what lies between ``start`` and ``end`` in ``readme`` (created if missing)."""
-    if readme.is_file() and start in readme.read_text():
-        text = readme.read_text()
-        head, rest = text.split(start, 1)
-        tail = rest.split(end, 1)[1] if end in rest else ""
+    around = readme_around_section(readme, start, end)
+    if around is not None:
+        head, tail = around
         readme.write_text(f"{head}{start}\n{table}\n{end}{tail}")
     else:
         readme.write_text(f"# {title}\n\n{start}\n{table}\n{end}\n")
@@ -457,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=HERE, help="where to write the results")
     arguments = parser.parse_args(argv)
     quick = arguments.quick
+    readme_around_section(arguments.out / "README.md", START, END)  # before minutes of work
     steady = steady_allocator()
     torch.manual_seed(0)
     # where accelerate_loop's Accelerator puts the model: every contender runs there

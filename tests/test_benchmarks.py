@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import json
+import re
 
-from script_loader import load_script
+import pytest
+from script_loader import ROOT, load_script
 
 
 def test_quick_benchmark_writes_json_table_and_figure(tmp_path):
@@ -66,3 +68,91 @@ def test_quick_benchmark_writes_json_table_and_figure(tmp_path):
     assert "### 4. Tiny BERT at the article's record length (s = 256" in readme
     assert "make gpu-check" in readme  # no GPU, no README-gpu.md: the CUDA section says how
     assert (tmp_path / "results.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_readme_without_its_markers_is_refused_not_overwritten(tmp_path):
+    module = load_script("benchmarks/run.py")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# hand-written\n\nprose\n{module.END}\n")  # the start marker lost
+    with pytest.raises(ValueError, match="restore the markers"):
+        module.write_readme_section(readme, module.START, module.END, "table", "Benchmarks")
+    assert readme.read_text() == f"# hand-written\n\nprose\n{module.END}\n"
+    with pytest.raises(ValueError, match="restore the markers"):  # before any measurement
+        module.main(["--quick", "--out", str(tmp_path)])
+
+
+COMMITTED = ROOT / "benchmarks"
+
+
+def test_the_committed_tables_are_the_committed_results():
+    """Between its markers benchmarks/README.md holds what run.py writes from results.json."""
+    module = load_script("benchmarks/run.py")
+    results = json.loads((COMMITTED / "results.json").read_text())
+    text = (COMMITTED / "README.md").read_text()
+    assert module.readme_around_section(COMMITTED / "README.md", module.START, module.END)
+    section = text.split(module.START, 1)[1].split(module.END, 1)[0]
+    assert section.strip() == module.markdown(results, COMMITTED).strip()
+
+
+def _verdict_row(verdict: str, label: str) -> str:
+    return next(line for line in verdict.splitlines() if line.startswith(f"| {label} |"))
+
+
+def _range(cell: str) -> tuple[float, float]:
+    low, high = re.search(r"(\d\.\d{3})–(\d\.\d{3})", cell).groups()
+    return float(low), float(high)
+
+
+def test_the_verdict_cites_the_committed_run():
+    """The verdict table (hand-written, outside the markers) names results.json's date and
+    machine, and its three-run ranges hold the third run's ratios, which results.json keeps."""
+    results = json.loads((COMMITTED / "results.json").read_text())
+    text = (COMMITTED / "README.md").read_text()
+    verdict = text.split("## Verdict", 1)[1].split("## Harness", 1)[0]
+    assert results["date"] in verdict and results["machine"]["torch"] in verdict
+    assert results["machine"]["cpu"] in verdict and f"{results['machine']['cores']}-core" in verdict
+    rows = {(row["model"], row["k"]): row for row in results["loop_overhead"]}
+    checks = {  # verdict row -> [(ratio column, model), ...] in the order the row quotes them
+        "MLP: library / bare loop": [("library_vs_bare", "MLP"),
+                                     ("library_no_norm_vs_bare", "MLP")],
+        "tiny BERT: library / bare loop": [("library_vs_bare", "tiny BERT"),
+                                           ("library_no_norm_vs_bare", "tiny BERT")],
+        "library / 🤗 Accelerate": [("library_vs_accelerate", "MLP"),
+                                   ("library_vs_accelerate", "tiny BERT")],
+    }
+    for label, columns in checks.items():
+        cells = _verdict_row(verdict, label).split(" | ")
+        quoted = re.findall(r"\d\.\d{3}–\d\.\d{3}", cells[2])
+        assert len(quoted) == len(columns), label
+        for text_range, (column, model) in zip(quoted, columns, strict=True):
+            low, high = _range(text_range)
+            third = [round(row[column], 3) for (name, _), row in rows.items() if name == model]
+            assert low <= min(third) and max(third) <= high, (label, column, model)
+    for label, model in (("MLP: library / bare loop", "MLP"),
+                         ("tiny BERT: library / bare loop", "tiny BERT")):  # the A/A controls
+        low, high = _range(_verdict_row(verdict, label).split(" | ")[3])
+        assert all(low <= round(rows[model, k]["bare_copy_vs_bare"], 3) <= high
+                   for k in (1, 2, 4, 8, 16)), model
+    ddp = {row["k"]: row for row in results["ddp_engine"]}
+    for label, columns in {
+        "DDP, 2 gloo ranks (MLP): engine / exact plain loop": ["engine_vs_exact_plain",
+                                                               "engine_no_norm_vs_exact_plain"],
+        "DDP: exact plain / nanoGPT's inexact loop": ["exact_plain_vs_plain"],
+    }.items():
+        cells = _verdict_row(verdict, label).split(" | ")
+        quoted = re.findall(r"\d\.\d{3}–\d\.\d{3}", cells[2])
+        for text_range, column in zip(quoted, columns, strict=True):
+            low, high = _range(text_range)
+            assert all(low <= round(row[column], 3) <= high for row in ddp.values()), column
+        low, high = _range(cells[3])
+        assert all(low <= round(row["exact_plain_copy_vs_exact_plain"], 3) <= high
+                   for row in ddp.values())
+    steps = results["micro_batch_time"]
+    slowdown = steps[-1]["seconds_per_sample"] / steps[0]["seconds_per_sample"]
+    assert f"{slowdown:.1f}× (third run)" in _verdict_row(
+        verdict, "MLP time per sample, micro-batch 256 down to 1 (effective batch 256)")
+    bytes_per_step = {(r["accumulation_steps"], r["sync"]): r["bytes_per_step"]
+                      for r in results["ddp"]}
+    assert {bytes_per_step[k, "window"] for k in (1, 2, 4, 8, 16)} == {43024}
+    assert all(bytes_per_step[k, "every"] == k * 43024 for k in (1, 2, 4, 8, 16))
+    assert "43,024 bytes at every k, against k × 43,024" in verdict
