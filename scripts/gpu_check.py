@@ -546,7 +546,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["measure_seconds"] = time.perf_counter() - started
     skip = arguments.skip_notebooks or rehearsal
     results["notebooks"] = [] if skip else notebook_times(
-        sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")), deadline - 20)  # 20 s left for writing
+        sorted(NOTEBOOKS.glob("[0-9][0-9]*_*.ipynb")), deadline - 20)  # 20 s left for writing
     results["seconds"] = time.perf_counter() - started
     results["failures"] = failures
 
