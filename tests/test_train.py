@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -176,9 +177,25 @@ def _single(job: list[str]) -> subprocess.CompletedProcess:
                           timeout=240)
 
 
-def test_a_checkpoint_of_another_k_or_world_size_is_refused_by_name(tmp_path, started):
-    first = _single([*JOB, "--epochs", "1", "--checkpoint-dir", str(tmp_path)])
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory):
+    """The checkpoint one process writes at the end of epoch 1 (an epoch boundary), made once;
+    each test resumes from a copy of it."""
+    directory = tmp_path_factory.mktemp("one-epoch")
+    first = _single([*JOB, "--epochs", "1", "--checkpoint-dir", str(directory)])
     assert first.returncode == 0, first.stderr[-3000:]
+    return directory / "checkpoint.pt"
+
+
+def _copy_of(checkpoint: Path, directory: Path) -> Path:
+    """Copy the checkpoint's folder (the checkpoint and whatever the job wrote beside it)."""
+    shutil.copytree(checkpoint.parent, directory, dirs_exist_ok=True)
+    return directory / checkpoint.name
+
+
+def test_a_checkpoint_of_another_k_or_world_size_is_refused_by_name(one_epoch, tmp_path,
+                                                                     started):
+    _copy_of(one_epoch, tmp_path)
     other_k = [arg if arg != "2" else "4" for arg in JOB]  # --accumulation-steps 4
     refused = _single([*other_k, "--checkpoint-dir", str(tmp_path), "--resume"])
     assert refused.returncode != 0
@@ -228,10 +245,9 @@ def test_a_rank_without_validation_notes_does_not_hang_the_evaluation(tmp_path, 
     assert [epoch["validation_samples"] for epoch in log["epochs"]] == [1]
 
 
-def test_a_resume_with_another_micro_batch_size_is_refused_at_an_epoch_boundary(tmp_path):
-    first = _single([*JOB, "--epochs", "1", "--checkpoint-dir", str(tmp_path)])
-    assert first.returncode == 0, first.stderr[-3000:]
-    before = (tmp_path / "checkpoint.pt").read_bytes()
+def test_a_resume_with_another_micro_batch_size_is_refused_at_an_epoch_boundary(one_epoch,
+                                                                               tmp_path):
+    before = _copy_of(one_epoch, tmp_path).read_bytes()
     other = [arg if arg != "4" else "8" for arg in JOB]  # --micro-batch-size 8
     refused = _single([*other, "--checkpoint-dir", str(tmp_path), "--resume"])
     assert refused.returncode == 2

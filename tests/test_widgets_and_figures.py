@@ -152,3 +152,18 @@ def test_show_figure_sizes_the_image_as_the_figure_at_the_browsers_dpi():
     pixels = _png_size(bytes(image.value))
     assert pixels == _png_size(figure_png(figure))
     assert pixels[0] >= 2 * int(image.width) and pixels[1] >= 2 * int(image.height)
+
+
+@pytest.mark.parametrize("name", ["accumulation", "ddp", "cluster"])
+def test_moving_each_explorers_slider_redraws_its_text_and_figure(name):
+    """What the browser test checks by hand for 02 and 06 (tests/browser/test_sliders.py),
+    checked in Python for every explorer with a figure: notebooks 02, 04 and 05 use them."""
+    from ipywidgets import widgets as ipw
+
+    explorer = _figure_explorers()[name]
+    (text,) = [child for child in explorer.children if isinstance(child, (ipw.Label, ipw.HTML))]
+    (image,) = [child for child in explorer.children if isinstance(child, ipw.Image)]
+    slider = next(child for child in explorer.children if isinstance(child, ipw.IntSlider))
+    before = text.value, bytes(image.value)
+    slider.value = slider.max if slider.value != slider.max else slider.min
+    assert text.value != before[0] and bytes(image.value) != before[1]
