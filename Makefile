@@ -1,7 +1,5 @@
 # The only entry points of the series. Each target installs what it needs first, into .venv,
-# and skips the install when pyproject.toml has not changed since the last one. --no-compile:
-# Python compiles a module when it is first imported instead (the install took 157 s with
-# compiling and 90 s without, on 2 cores; the first import of torch and transformers ~4 s more).
+# and skips the install when pyproject.toml has not changed since the last one.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -23,7 +21,7 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $@
 
 # The notebooks are trusted first (signatures go to Jupyter's local database, the files are not
