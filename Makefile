@@ -60,9 +60,10 @@ test: $(STAMP)
 		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
 
 # JupyterLab in Chromium (/usr/bin/chromium; Debian: apt-get install chromium): the sliders.
-# --dist load spreads the notebooks over the workers; each worker starts its own JupyterLab.
+# --dist loadfile: the sliders' file on one worker, the site's on the other (one build each of
+# JupyterLab and of the site: two workers fetching build/site-vendor/ at once would race).
 test-browser: $(STAMP)
-	$(NOTEBOOK_ENV) $(PY) -m pytest -n $(TEST_WORKERS) --dist load tests/browser -m browser -v
+	$(NOTEBOOK_ENV) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests/browser -m browser -v
 
 notebooks: $(STAMP)
 	$(NOTEBOOK_ENV) $(PY) scripts/execute_notebooks.py notebooks/*.ipynb notebooks/solutions/*.ipynb
