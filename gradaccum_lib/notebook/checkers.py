@@ -1,4 +1,6 @@
-"""The exercises' checkers (:mod:`gradaccum_lib.notebook.exercises` grades with them).
+"""The exercises' checkers of notebooks 00-04 (:mod:`gradaccum_lib.notebook.exercises` grades
+with them; those of 04b-07, which run frameworks, DDP and the engine, are in
+:mod:`gradaccum_lib.notebook.training_checkers`).
 
 ``checker(answer, **context)`` computes the true answer itself, by running the library (the
 budget model, the engine, the ground truth, a real ``DistributedSampler``, the real 🤗
@@ -9,42 +11,29 @@ included, or raises :class:`WrongAnswer` with a hint that does not give the valu
 from __future__ import annotations
 
 import copy
-import math
-import os
-import tempfile
 from collections.abc import Callable, Mapping
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ..accumulation import AccumulationTrainer
-from ..audits.frameworks import accelerate_step, hf_trainer_step
 from ..batches import split_into_micro_batches, windows_of
-from ..equivalence import accumulated_gradients, audit_update, full_batch_gradients
+from ..equivalence import accumulated_gradients, full_batch_gradients
 from ..gradients import max_gradient_difference
-from ..losses import bert_classification_loss, sample_classification_loss
-from ..measure.comm import CommCounter
+from ..losses import sample_classification_loss
 from ..measure.memory import memory_budget
-from ..measure.noise import scaled_learning_rate
 from ..measure.planning import accumulation_steps_for, max_micro_batch_size
 from ..workloads.models import (
     ROBERTA_WWM_EXT_LARGE,
     TokenTagger,
     count_bert_parameters,
     make_mlp,
-    make_tiny_bert,
 )
 
 __all__ = [
-    "BERT_BASE_CHINESE", "GIB", "WrongAnswer", "accelerate_partial_window", "adamw_state_gigabytes",
-    "allreduce_bytes", "bert_base_parameters",
-    "ddp_effective_batch", "decomposing_loss", "engine_steps", "find_the_bug", "fit_a_gpu",
-    "forgot_to_divide", "global_normaliser", "k_for_the_cluster", "mean_of_means_weight",
-    "sqrt_learning_rate", "steps_per_epoch", "trainer_factor",
-    "leftover_micro_batches", "schedule_length",
+    "BERT_BASE_CHINESE", "GIB", "WrongAnswer", "adamw_state_gigabytes", "bert_base_parameters",
+    "ddp_effective_batch", "decomposing_loss", "find_the_bug", "fit_a_gpu", "forgot_to_divide",
+    "global_normaliser", "k_for_the_cluster", "mean_of_means_weight",
 ]
 
 GIB = 1024**3
@@ -232,142 +221,3 @@ def adamw_state_gigabytes(answer: object) -> str:
              "and fp32 weights, gradients and AdamW's two moments take 4 bytes each per parameter")
     return (f"{parameters / 1e6:.1f}M parameters x 16 bytes = {gigabytes:.2f} GB per GPU, "
             "at k = 16 as at k = 8")
-
-
-# ---- 04b: the framework audit ---------------------------------------------------------------
-
-def _tiny_bert_window(micro_batches: int) -> tuple[nn.Module, list[dict[str, torch.Tensor]]]:
-    model = make_tiny_bert(30, 2, hidden_size=16, num_layers=1, num_heads=2, max_length=16)
-    generator = torch.Generator().manual_seed(3)
-    return model, [{"input_ids": torch.randint(1, 30, (2, 8), generator=generator),
-                    "attention_mask": torch.ones(2, 8, dtype=torch.long),
-                    "labels": torch.randint(0, 2, (2,), generator=generator)}
-                   for _ in range(micro_batches)]
-
-
-def trainer_factor(answer: object) -> str:
-    model, micro_batches = _tiny_bert_window(4)
-    result = audit_update(hf_trainer_step(4), model, bert_classification_loss, micro_batches,
-                          lambda parameters: torch.optim.SGD(parameters, lr=0.1))
-    _require(abs(_number(answer, "answer (ratio)") - result.norm_ratio) <= 1e-3,
-             f"{answer} is not the measured ratio; section 1 of notebook 04b audits the "
-             "🤗 Trainer against the ground truth")
-    return f"the Trainer's SGD update is {result.norm_ratio:.4f} x the true one"
-
-
-def accelerate_partial_window(answer: object) -> str:
-    model, micro_batches = _tiny_bert_window(2)
-    result = audit_update(accelerate_step(4), model, bert_classification_loss, micro_batches,
-                          lambda parameters: torch.optim.SGD(parameters, lr=0.1))
-    _require(abs(_number(answer, "answer (ratio)") - result.norm_ratio) <= 1e-3,
-             f"{answer} is not the measured ratio; ask what `accelerator.backward` divides "
-             "each loss by, and how many micro-batches came")
-    return (f"Accelerate's SGD update on 2 of 4 micro-batches is {result.norm_ratio:.4f} x the "
-            "true one: each loss divided by 4, though 2 came")
-
-
-# ---- 05: DDP ------------------------------------------------------------------------------
-
-def allreduce_bytes(answer: object) -> str:
-    model = make_mlp(10, 32, 4, seed=0)
-    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    with tempfile.TemporaryDirectory() as folder:
-        store = dist.FileStore(os.path.join(folder, "store"), 1)
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-        try:
-            ddp = DistributedDataParallel(model)
-            counter = CommCounter()
-            counter.register(ddp)
-            trainer = AccumulationTrainer(ddp, sample_classification_loss,
-                                          torch.optim.SGD(ddp.parameters(), lr=0.1),
-                                          accumulation_steps=4, progress=False)
-            inputs = torch.randn(48, 10, generator=torch.Generator().manual_seed(4),
-                                 dtype=torch.float64)
-            trainer.train_epoch(split_into_micro_batches((inputs, torch.arange(48) % 4),
-                                                        micro_batch_size=4))
-            sent = counter.take()["bytes"]
-        finally:
-            dist.destroy_process_group()
-    _require(_number(answer, "answer (bytes)") == sent,
-             f"{answer} bytes is not what DDP handed to all-reduce; count the all-reduces "
-             "of an epoch (the engine syncs under no_sync) and the float64 gradient of each")
-    return (f"{sent} bytes = 3 windows x {parameter_bytes} bytes of gradients: one all-reduce "
-            "per window, whatever k")
-
-
-def steps_per_epoch(answer: object) -> str:
-    steps = 0
-    sampler = DistributedSampler(range(50), num_replicas=2, rank=0, shuffle=False)
-    for _window in windows_of(DataLoader(range(50), batch_size=4, sampler=sampler), 2):
-        steps += 1
-    _require(_number(answer, "answer (optimizer steps)") == steps,
-             f"{answer} is not the number of windows rank 0 sees; count its samples, then "
-             "its micro-batches, then windows of k (a partial last window steps too)")
-    return (f"rank 0 gets {len(sampler)} samples, {math.ceil(len(sampler) / 4)} micro-batches, "
-            f"{steps} windows: {steps} optimizer steps (the last window is partial)")
-
-
-# ---- 06: beyond ---------------------------------------------------------------------------
-
-def sqrt_learning_rate(answer: object) -> str:
-    lr = scaled_learning_rate(2e-5, 32, 256, "sqrt")
-    _require(abs(_number(answer, "answer (learning rate)") - lr) <= 1e-3 * lr,
-             f"{answer} is not the square-root rule's learning rate; it multiplies the rate "
-             "by the square root of the batch's growth")
-    return f"the square-root rule gives {lr:.4g} for an effective batch of 256"
-
-
-def engine_steps(answer: object) -> str:
-    model = make_mlp(4, 6, 2, seed=0)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    trainer = AccumulationTrainer(model, sample_classification_loss, optimizer,
-                                  accumulation_steps=4, scheduler=scheduler, progress=False)
-    inputs = torch.randn(20, 4, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-    trainer.train_epoch(split_into_micro_batches((inputs, torch.arange(20) % 2),
-                                                micro_batch_size=2))
-    steps = trainer.optimizer_steps
-    _require(scheduler.last_epoch == steps, "the scheduler and optimizer counts disagree")
-    _require(_number(answer, "answer (optimizer steps)") == steps,
-             f"{answer} is not the number of optimizer steps the engine took; does the "
-             "partial last window step?")
-    return f"10 micro-batches with k = 4: {steps} optimizer and scheduler steps"
-
-
-# ---- 07: the interviewer's follow-ups -----------------------------------------------------
-
-def leftover_micro_batches(answer: object) -> str:
-    probe = torch.nn.Parameter(torch.zeros(()))  # each backward adds 1 to its gradient
-    optimizer = torch.optim.SGD([probe], lr=0.0)
-    held = []  # micro-batches added up in each optimizer step
-    for _epoch in range(2):
-        for index in range(11):  # the loop of the exercise: 11 micro-batches an epoch, k = 4
-            (1.0 * probe).backward()
-            if (index + 1) % 4 == 0:
-                held.append(int(probe.grad))
-                optimizer.step()
-                optimizer.zero_grad()
-    first_of_epoch_2 = held[11 // 4]
-    _require(_number(answer, "answer (micro-batches)") == first_of_epoch_2,
-             f"{answer} is not what that step adds up; count what is still in the gradients "
-             "when the first epoch ends")
-    return (f"the first step of epoch 2 adds up {first_of_epoch_2} micro-batches: "
-            f"{11 % 4} left over from epoch 1 and 4 of its own")
-
-
-def schedule_length(answer: object) -> str:
-    model = make_mlp(4, 6, 2, seed=0)
-    trainer = AccumulationTrainer(model, sample_classification_loss,
-                                  torch.optim.SGD(model.parameters(), lr=0.1),
-                                  accumulation_steps=4, progress=False, track_grad_norm=False)
-    inputs = torch.randn(1000, 4, generator=torch.Generator().manual_seed(6),
-                         dtype=torch.float64)
-    for _epoch in range(3):
-        trainer.train_epoch(split_into_micro_batches((inputs, torch.arange(1000) % 2),
-                                                    micro_batch_size=8))
-    steps = trainer.optimizer_steps
-    _require(_number(answer, "answer (schedule steps)") == steps,
-             f"{answer} steps is not the optimizer steps the engine takes; count the windows "
-             "of one epoch (its partial one steps too), then multiply by the epochs")
-    return (f"3 epochs of {math.ceil(1000 / 8)} micro-batches with k = 4: {steps} optimizer "
-            f"steps, so a schedule {steps} steps long")

@@ -10,7 +10,8 @@ checker cell, ``check_exercise("02.1", answer)``:
   fails under nbval), whose message is three lines: ``✗`` and the exercise, what answer was
   expected in words, and a hint. IPython shows that message alone, without a traceback.
 
-Every checker (in :mod:`gradaccum_lib.notebook.checkers`) computes the true answer itself, by
+Every checker (in :mod:`gradaccum_lib.notebook.checkers` and
+:mod:`~gradaccum_lib.notebook.training_checkers`) computes the true answer itself, by
 running the library (the budget model, the engine, the ground truth, a real
 ``DistributedSampler``, the real 🤗 ``Trainer``...), never from a stored value. The worked
 solutions live in ``notebooks/solutions/`` and are executed and checked by nbval in ``make
@@ -26,20 +27,22 @@ from .checkers import (
     BERT_BASE_CHINESE,
     GIB,
     WrongAnswer,
-    accelerate_partial_window,
     adamw_state_gigabytes,
-    allreduce_bytes,
     bert_base_parameters,
     ddp_effective_batch,
     decomposing_loss,
-    engine_steps,
     find_the_bug,
     fit_a_gpu,
     forgot_to_divide,
     global_normaliser,
     k_for_the_cluster,
-    leftover_micro_batches,
     mean_of_means_weight,
+)
+from .training_checkers import (
+    accelerate_partial_window,
+    allreduce_bytes,
+    engine_steps,
+    leftover_micro_batches,
     schedule_length,
     sqrt_learning_rate,
     steps_per_epoch,

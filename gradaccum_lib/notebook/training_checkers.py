@@ -1,0 +1,168 @@
+"""The exercises' checkers of notebooks 04b-07: they run the audited frameworks, a real
+``DistributedSampler`` and DDP, and the engine (see :mod:`gradaccum_lib.notebook.checkers` for
+the contract: compute the truth, return what was checked, or raise ``WrongAnswer``)."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+from ..accumulation import AccumulationTrainer
+from ..audits.frameworks import accelerate_step, hf_trainer_step
+from ..batches import split_into_micro_batches, windows_of
+from ..equivalence import audit_update
+from ..losses import bert_classification_loss, sample_classification_loss
+from ..measure.comm import CommCounter
+from ..measure.noise import scaled_learning_rate
+from ..workloads.models import make_mlp, make_tiny_bert
+from .checkers import _number, _require
+
+__all__ = [
+    "accelerate_partial_window", "allreduce_bytes", "engine_steps", "leftover_micro_batches",
+    "schedule_length", "sqrt_learning_rate", "steps_per_epoch", "trainer_factor",
+]
+
+
+# ---- 04b: the framework audit ---------------------------------------------------------------
+
+def _tiny_bert_window(micro_batches: int) -> tuple[nn.Module, list[dict[str, torch.Tensor]]]:
+    model = make_tiny_bert(30, 2, hidden_size=16, num_layers=1, num_heads=2, max_length=16)
+    generator = torch.Generator().manual_seed(3)
+    return model, [{"input_ids": torch.randint(1, 30, (2, 8), generator=generator),
+                    "attention_mask": torch.ones(2, 8, dtype=torch.long),
+                    "labels": torch.randint(0, 2, (2,), generator=generator)}
+                   for _ in range(micro_batches)]
+
+
+def trainer_factor(answer: object) -> str:
+    model, micro_batches = _tiny_bert_window(4)
+    result = audit_update(hf_trainer_step(4), model, bert_classification_loss, micro_batches,
+                          lambda parameters: torch.optim.SGD(parameters, lr=0.1))
+    _require(abs(_number(answer, "answer (ratio)") - result.norm_ratio) <= 1e-3,
+             f"{answer} is not the measured ratio; section 1 of notebook 04b audits the "
+             "🤗 Trainer against the ground truth")
+    return f"the Trainer's SGD update is {result.norm_ratio:.4f} x the true one"
+
+
+def accelerate_partial_window(answer: object) -> str:
+    model, micro_batches = _tiny_bert_window(2)
+    result = audit_update(accelerate_step(4), model, bert_classification_loss, micro_batches,
+                          lambda parameters: torch.optim.SGD(parameters, lr=0.1))
+    _require(abs(_number(answer, "answer (ratio)") - result.norm_ratio) <= 1e-3,
+             f"{answer} is not the measured ratio; ask what `accelerator.backward` divides "
+             "each loss by, and how many micro-batches came")
+    return (f"Accelerate's SGD update on 2 of 4 micro-batches is {result.norm_ratio:.4f} x the "
+            "true one: each loss divided by 4, though 2 came")
+
+
+# ---- 05: DDP ------------------------------------------------------------------------------
+
+def allreduce_bytes(answer: object) -> str:
+    model = make_mlp(10, 32, 4, seed=0)
+    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    with tempfile.TemporaryDirectory() as folder:
+        store = dist.FileStore(os.path.join(folder, "store"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        try:
+            ddp = DistributedDataParallel(model)
+            counter = CommCounter()
+            counter.register(ddp)
+            trainer = AccumulationTrainer(ddp, sample_classification_loss,
+                                          torch.optim.SGD(ddp.parameters(), lr=0.1),
+                                          accumulation_steps=4, progress=False)
+            inputs = torch.randn(48, 10, generator=torch.Generator().manual_seed(4),
+                                 dtype=torch.float64)
+            trainer.train_epoch(split_into_micro_batches((inputs, torch.arange(48) % 4),
+                                                        micro_batch_size=4))
+            sent = counter.take()["bytes"]
+        finally:
+            dist.destroy_process_group()
+    _require(_number(answer, "answer (bytes)") == sent,
+             f"{answer} bytes is not what DDP handed to all-reduce; count the all-reduces "
+             "of an epoch (the engine syncs under no_sync) and the float64 gradient of each")
+    return (f"{sent} bytes = 3 windows x {parameter_bytes} bytes of gradients: one all-reduce "
+            "per window, whatever k")
+
+
+def steps_per_epoch(answer: object) -> str:
+    steps = 0
+    sampler = DistributedSampler(range(50), num_replicas=2, rank=0, shuffle=False)
+    for _window in windows_of(DataLoader(range(50), batch_size=4, sampler=sampler), 2):
+        steps += 1
+    _require(_number(answer, "answer (optimizer steps)") == steps,
+             f"{answer} is not the number of windows rank 0 sees; count its samples, then "
+             "its micro-batches, then windows of k (a partial last window steps too)")
+    return (f"rank 0 gets {len(sampler)} samples, {math.ceil(len(sampler) / 4)} micro-batches, "
+            f"{steps} windows: {steps} optimizer steps (the last window is partial)")
+
+
+# ---- 06: beyond ---------------------------------------------------------------------------
+
+def sqrt_learning_rate(answer: object) -> str:
+    lr = scaled_learning_rate(2e-5, 32, 256, "sqrt")
+    _require(abs(_number(answer, "answer (learning rate)") - lr) <= 1e-3 * lr,
+             f"{answer} is not the square-root rule's learning rate; it multiplies the rate "
+             "by the square root of the batch's growth")
+    return f"the square-root rule gives {lr:.4g} for an effective batch of 256"
+
+
+def _engine_steps(samples: int, micro_batch_size: int, epochs: int) -> tuple[int, int]:
+    """The engine's optimizer and scheduler steps over ``epochs`` of ``samples``, k = 4 (a
+    partial last window steps)."""
+    model = make_mlp(4, 6, 2, seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    trainer = AccumulationTrainer(model, sample_classification_loss, optimizer,
+                                  accumulation_steps=4, scheduler=scheduler, progress=False,
+                                  track_grad_norm=False)
+    inputs = torch.randn(samples, 4, generator=torch.Generator().manual_seed(5),
+                         dtype=torch.float64)
+    for _epoch in range(epochs):
+        trainer.train_epoch(split_into_micro_batches((inputs, torch.arange(samples) % 2),
+                                                    micro_batch_size=micro_batch_size))
+    return trainer.optimizer_steps, scheduler.last_epoch
+
+
+def engine_steps(answer: object) -> str:
+    steps, scheduled = _engine_steps(20, 2, epochs=1)
+    _require(scheduled == steps, "the scheduler and optimizer counts disagree")
+    _require(_number(answer, "answer (optimizer steps)") == steps,
+             f"{answer} is not the number of optimizer steps the engine took; does the "
+             "partial last window step?")
+    return f"10 micro-batches with k = 4: {steps} optimizer and scheduler steps"
+
+
+# ---- 07: the interviewer's follow-ups -----------------------------------------------------
+
+def leftover_micro_batches(answer: object) -> str:
+    # the exercise's loop, counted: 11 micro-batches an epoch, a step when (index + 1) % 4 == 0
+    # with index from each epoch's start, the gradients zeroed only after a step
+    held, pending = [], 0  # micro-batches added up in each optimizer step; in .grad now
+    for _epoch in range(2):
+        for index in range(11):
+            pending += 1  # a backward adds this micro-batch's gradient
+            if (index + 1) % 4 == 0:
+                held.append(pending)
+                pending = 0  # step, then zero_grad
+    first_of_epoch_2 = held[11 // 4]
+    _require(_number(answer, "answer (micro-batches)") == first_of_epoch_2,
+             f"{answer} is not what that step adds up; count what is still in the gradients "
+             "when the first epoch ends")
+    return (f"the first step of epoch 2 adds up {first_of_epoch_2} micro-batches: "
+            f"{11 % 4} left over from epoch 1 and 4 of its own")
+
+
+def schedule_length(answer: object) -> str:
+    steps, _ = _engine_steps(1000, 8, epochs=3)
+    _require(_number(answer, "answer (schedule steps)") == steps,
+             f"{answer} steps is not the optimizer steps the engine takes; count the windows "
+             "of one epoch (its partial one steps too), then multiply by the epochs")
+    return (f"3 epochs of {math.ceil(1000 / 8)} micro-batches with k = 4: {steps} optimizer "
+            f"steps, so a schedule {steps} steps long")
