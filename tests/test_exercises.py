@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_portability import rounding_level_numbers
 from torch import nn
 
 from gradaccum_lib.losses import token_classification_loss
@@ -81,7 +82,10 @@ def test_checker(exercise_id: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert check_exercise(exercise_id, None, **context) is None
     assert "no answer yet" in capsys.readouterr().out
     assert check_exercise(exercise_id, right, **context) is None  # no `Out:` in a notebook
-    assert capsys.readouterr().out.startswith(f"✓ Exercise {exercise_id}: correct. ")
+    checked = capsys.readouterr().out
+    assert checked.startswith(f"✓ Exercise {exercise_id}: correct. ")
+    # a solution notebook's compared output: a bound, never a rounding error's own digits
+    assert rounding_level_numbers(checked) == [], checked
     with pytest.raises(WrongAnswer) as wrong_answer:
         check_exercise(exercise_id, wrong, **context)
     lines = str(wrong_answer.value).splitlines()
