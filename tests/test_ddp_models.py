@@ -53,7 +53,7 @@ def test_torchrun_command_single_and_multi_node():
 
 
 def test_fsdp2_without_sync_holds_the_unsharded_gradient():
-    probe = launch("gradaccum_lib.jobs.fsdp_probe", [], nproc_per_node=2, timeout_seconds=180)
+    probe = launch("gradaccum_lib.jobs.memory_probe", [], nproc_per_node=2, timeout_seconds=180)
     assert probe["no_sync"] == {"unsharded": probe["parameter_bytes"], "sharded": 0}
     assert probe["sync"] == {"unsharded": 0, "sharded": probe["parameter_bytes"] // 2}
 

@@ -189,7 +189,10 @@ def _wrap(base: nn.Module, arguments: argparse.Namespace, ctx: DistributedContex
     if arguments.wrap == "fsdp2":
         from torch.distributed.fsdp import fully_shard
         return fully_shard(base)
-    model = DistributedDataParallel(base, static_graph=arguments.trap == "static-graph")
+    # gradient_as_bucket_view: .grad are views into DDP's buckets, so no second copy of the
+    # gradients (00 measures it); safe with the engine, which never detaches a .grad in place
+    model = DistributedDataParallel(base, static_graph=arguments.trap == "static-graph",
+                                    gradient_as_bucket_view=True)
     counter.register(model)
     return model
 

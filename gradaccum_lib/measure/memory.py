@@ -7,13 +7,15 @@
 - :func:`static_bytes` measures what does not depend on the batch: parameters, gradients and
   optimizer state, by summing the tensors themselves.
 - :func:`memory_budget` is the model: parameters + gradients + optimizer state (+ fp32 master
-  weights in mixed precision) + the activations of ONE micro-batch. Accumulation shrinks only
-  the last term.
+  weights in mixed precision) (+ DDP's bucket copy of the gradients) + the activations of ONE
+  micro-batch. Accumulation shrinks only the last term.
 - :func:`cuda_peak_bytes` reports the CUDA allocator's peak for a step, when on a GPU.
 - :func:`tensor_peak_bytes` reports, on any device, the peak bytes of the tensors a step
   allocates and holds at once, counted exactly from the operators' outputs (a
   ``TorchDispatchMode``): the same number on every run, unlike a process's resident memory,
-  which the C allocator decides when to hand back.
+  which the C allocator decides when to hand back. :func:`counting_tensor_bytes` is the same
+  count as a context manager, to read what is held at a chosen point (``.live``): it sees the
+  buffers DDP's reducer allocates, which a parameter or ``.grad`` walk cannot.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from __future__ import annotations
 import gc
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -32,10 +35,11 @@ from torch.utils._pytree import tree_flatten
 
 from ..batches import Batch, LossFn, check_loss_output
 from ..gradients import model_restored
-from ..runtime import check_choice, check_number, check_positive_int, is_int
+from ..runtime import check_bool, check_choice, check_number, check_positive_int, is_int
 
 __all__ = [
     "activation_bytes",
+    "counting_tensor_bytes",
     "cuda_peak_bytes",
     "memory_budget",
     "MemoryBreakdown",
@@ -75,12 +79,15 @@ class MemoryBreakdown:
     optimizer_state: int
     master_weights: int
     activations: int
+    #: DDP's reducer keeps its gradient buckets as a second copy of the gradients unless the
+    #: model is wrapped with ``gradient_as_bucket_view=True`` (then ``.grad`` are views into them)
+    ddp_buckets: int = 0
 
     @property
     def total(self) -> int:
         """Return the sum of every part, in bytes."""
         return (self.parameters + self.gradients + self.optimizer_state + self.master_weights
-                + self.activations)
+                + self.activations + self.ddp_buckets)
 
     def as_dict(self) -> dict[str, int]:
         """Return the parts as a plain dict (plus ``total``)."""
@@ -186,11 +193,14 @@ def memory_budget(
     activation_bytes_per_sample: float = 0.0,
     micro_batch_size: int = 1,
     activation_bytes_fixed: float = 0.0,
+    ddp_bucket_copy: bool = False,
 ) -> MemoryBreakdown:
     """Return the modelled bytes of one training step with micro-batches of
     ``micro_batch_size`` samples: activations are ``activation_bytes_fixed`` (what a step
     holds whatever its batch, e.g. autocast's 16-bit weight copies) plus the measured bytes
-    per sample times the micro-batch. The accumulation steps do not appear: that is the point.
+    per sample times the micro-batch; ``ddp_bucket_copy=True`` adds DDP's buckets, one more
+    copy of the gradients (DDP's default; ``gradient_as_bucket_view=True`` removes it). The
+    accumulation steps do not appear: that is the point.
     """
     if not is_int(num_parameters) or num_parameters < 0:
         raise ValueError(f"num_parameters must be an int >= 0; got {num_parameters!r}")
@@ -199,6 +209,7 @@ def memory_budget(
     check_positive_int("micro_batch_size", micro_batch_size)
     check_number("activation_bytes_per_sample", activation_bytes_per_sample, low=0)
     check_number("activation_bytes_fixed", activation_bytes_fixed, low=0)
+    check_bool("ddp_bucket_copy", ddp_bucket_copy)
     weight_bytes, grad_bytes, master_bytes = PRECISIONS[precision]
     return MemoryBreakdown(
         parameters=num_parameters * weight_bytes,
@@ -206,6 +217,7 @@ def memory_budget(
         optimizer_state=num_parameters * 4 * OPTIMIZER_STATES[optimizer],
         master_weights=num_parameters * master_bytes,
         activations=round(activation_bytes_fixed + activation_bytes_per_sample * micro_batch_size),
+        ddp_buckets=num_parameters * grad_bytes if ddp_bucket_copy else 0,
     )
 
 
@@ -264,6 +276,24 @@ class _LiveStorageBytes(TorchDispatchMode):
         return outputs
 
 
+@contextmanager
+def counting_tensor_bytes() -> Iterator[_LiveStorageBytes]:
+    """Count, while active, the bytes of the tensor storages operators create (on any device;
+    kernels' private scratch buffers are not seen): yields a counter whose ``.live`` is what
+    is held now and ``.peak`` the most held at once. Garbage collection is paused meanwhile
+    (cyclic garbage freed mid-step would make the count vary) and restored after."""
+    tracker = _LiveStorageBytes()
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with tracker:
+            yield tracker
+    finally:
+        tracker._references.clear()  # its refs die with it: no callback after this
+        if collecting:
+            gc.enable()
+
+
 def tensor_peak_bytes(step: Callable[[], object]) -> int:
     """Return the peak bytes of tensor storages that ``step()`` allocates and holds at once,
     on any device (tensors that existed before the call, e.g. parameters, are not counted;
@@ -271,14 +301,6 @@ def tensor_peak_bytes(step: Callable[[], object]) -> int:
     """
     if not callable(step):
         raise TypeError(f"step must be a callable taking no argument; got {type(step).__name__}")
-    tracker = _LiveStorageBytes()
-    collecting = gc.isenabled()
-    gc.disable()  # step's cyclic garbage freed by gc mid-step would make the peak vary
-    try:
-        with tracker:
-            step()
-    finally:
-        tracker._references.clear()  # its refs die with it: no callback after this call
-        if collecting:
-            gc.enable()
+    with counting_tensor_bytes() as tracker:
+        step()
     return tracker.peak

@@ -282,17 +282,20 @@ def max_micro_batch_size(
     precision: Precision = "fp32",
     reserved_bytes: float = 0.0,
     activation_bytes_fixed: float = 0.0,
+    ddp_bucket_copy: bool = False,
 ) -> int:
     """Return the largest micro-batch whose :func:`memory_budget` fits in ``device_bytes``
     minus ``reserved_bytes`` (runtime context, workspace, fragmentation); 0 if even the
-    parameters, gradients, optimizer state and fixed activations do not fit.
+    parameters, gradients, optimizer state, fixed activations (and, with
+    ``ddp_bucket_copy=True``, DDP's default copy of the gradients) do not fit.
     """
     check_number("activation_bytes_per_sample", activation_bytes_per_sample, low=0,
                  low_open=True)
     check_number("device_bytes", device_bytes, low=0, low_open=True)
     check_number("reserved_bytes", reserved_bytes, low=0)
     static = memory_budget(num_parameters, optimizer=optimizer, precision=precision,
-                           activation_bytes_fixed=activation_bytes_fixed).total
+                           activation_bytes_fixed=activation_bytes_fixed,
+                           ddp_bucket_copy=ddp_bucket_copy).total
     free = device_bytes - reserved_bytes - static
     return max(0, int(free // activation_bytes_per_sample))
 

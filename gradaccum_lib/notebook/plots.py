@@ -19,7 +19,8 @@ __all__ = [
 ]
 
 MIB = 2**20
-PARTS = ("parameters", "gradients", "optimizer_state", "master_weights", "activations")
+PARTS = ("parameters", "gradients", "optimizer_state", "master_weights", "ddp_buckets",
+         "activations")
 
 
 def plot_errors(

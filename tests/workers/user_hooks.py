@@ -2,7 +2,8 @@
 (2 gloo ranks).
 
 For each hook the user registers before training (none; torch's ``allreduce_hook`` wrapped
-with a counter; ``fp16_compress_hook``; PowerSGD; none with ``gradient_as_bucket_view``),
+with a counter; ``fp16_compress_hook``; PowerSGD; none with ``gradient_as_bucket_view``;
+PowerSGD with ``gradient_as_bucket_view``, where the hook's bucket IS the ``.grad`` memory),
 trains 3 windows of a float64 MLP whose ranks hold different numbers of samples (12 and 20: the
 division must use the global count), and records per window how many backward passes the
 hook synchronised and how many all-reduces ran (``ProcessGroup.allreduce``, whoever calls it).
@@ -55,12 +56,12 @@ def _parameters(model: torch.nn.Module) -> list[float]:
 
 def _train(how: str, windows: list) -> dict:
     model = DistributedDataParallel(make_mlp(6, 64, 3, seed=0, dtype=torch.float64),
-                                    gradient_as_bucket_view=how == "bucket view")
+                                    gradient_as_bucket_view=how.endswith("bucket view"))
     if how == "counter":
         model.register_comm_hook(None, _counting_hook)
     elif how == "fp16 compress":
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    elif how == "PowerSGD":  # vanilla all-reduce for its first iterations, then compressed
+    elif how.startswith("PowerSGD"):  # vanilla all-reduce for its first iterations, then compressed
         model.register_comm_hook(powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=1),
                                  powerSGD_hook.powerSGD_hook)
     trainer = AccumulationTrainer(model, sample_classification_loss,
@@ -98,7 +99,8 @@ def main() -> int:
                                              y[w * size:(w + 1) * size]), accumulation_steps=2)
                    for w in range(3)]
         results = {how: _train(how, windows) for how in (
-            "no hook", "counter", "fp16 compress", "PowerSGD", "bucket view")}
+            "no hook", "counter", "fp16 compress", "PowerSGD", "bucket view",
+            "PowerSGD, bucket view")}
         # the ground truth: plain SGD on the full-batch mean gradient over both ranks' samples
         reference = make_mlp(6, 64, 3, seed=0, dtype=torch.float64)
         for w in range(3):

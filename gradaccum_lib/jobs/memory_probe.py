@@ -1,0 +1,168 @@
+"""What accumulation holds in gradient memory under DDP and FSDP2, measured on each rank.
+
+    python -m torch.distributed.run --standalone --nproc_per_node=2 \\
+        -m gradaccum_lib.jobs.memory_probe \\
+        --json out.json
+
+**DDP.** The reducer allocates its gradient buckets when the model is wrapped. By default they
+are a second copy of the gradients: each backward writes ``.grad`` and copies it into a bucket
+for the all-reduce. With ``gradient_as_bucket_view=True`` each ``.grad`` is a view into its
+bucket, so the copy is gone. The probe wraps the model both ways and trains one window with the
+engine, counting every tensor storage allocated from the wrap onwards
+(``measure.memory.counting_tensor_bytes``: exact bytes, the buckets included, unlike the
+process's resident memory); it reads what is held after the window's last backward, before
+the optimizer step.
+
+**FSDP2.** With ``set_requires_gradient_sync(False)`` (FSDP2's ``no_sync``) the backward pass
+skips the reduce-scatter, so each rank keeps the UNSHARDED gradient of every parameter until the
+window's last micro-batch: world_size times the bytes of the sharded gradient it holds when it syncs
+every micro-step. The probe trains one window of two micro-batches with the engine each way
+(once per window, and ``sync_every_micro_step=True``) and an observer reads the gradients
+FSDP2 holds after the first micro-step (its parameter groups are internal API, stable for the
+pinned torch). Rank 0 writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ..accumulation import AccumulationTrainer
+from ..distributed import init_distributed, process_group_session
+from ..losses import sample_classification_loss
+from ..measure.memory import counting_tensor_bytes
+from ..workloads.models import make_mlp
+from .worker import run_worker
+
+
+def held_gradient_bytes(model: nn.Module) -> dict[str, int]:
+    """Return the bytes of unsharded and sharded gradients this rank holds for ``model``."""
+    held = {"unsharded": 0, "sharded": 0}
+    for module in model.modules():
+        state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
+        group = getattr(state, "_fsdp_param_group", None)
+        for fsdp_param in group.fsdp_params if group is not None else ():
+            unsharded = getattr(fsdp_param, "_unsharded_param", None)
+            for key, grad in (("unsharded", unsharded.grad if unsharded is not None else None),
+                              ("sharded", fsdp_param.sharded_param.grad)):
+                if grad is not None:
+                    local = grad.to_local() if hasattr(grad, "to_local") else grad
+                    held[key] += local.numel() * local.element_size()
+    return held
+
+
+class HeldGradientProbe:
+    """An engine observer: what is held after one micro-step's backward (``micro_step``),
+    read by ``read()``."""
+
+    def __init__(self, read: object, micro_step: int = 0) -> None:
+        self.read, self.micro_step = read, micro_step
+        self.held: object = None
+
+    def on_micro_step(self, parameters: object, micro_step: int, *_: object) -> None:
+        """Record what the rank holds after the chosen micro-step's backward."""
+        if micro_step == self.micro_step:
+            self.held = self.read()
+
+    def on_window_end(self, *_: object) -> None:
+        """Nothing at the window's end."""
+
+
+def ddp_held_bytes(input_dim: int, hidden_dim: int, window: list, device: torch.device,
+                   gradient_as_bucket_view: bool) -> dict[str, int | None]:
+    """Return the tensor bytes held after the last backward of one engine window on a model
+    wrapped in DDP (counted from the wrap on: buckets, gradients, what else is alive), the
+    model's gradient bytes, and on CUDA the allocator's held and peak bytes over the same span
+    (None on a CPU)."""
+    model = make_mlp(input_dim, hidden_dim, 4, dtype=torch.float32).to(device)
+    gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    allocated = torch.cuda.memory_allocated(device) if cuda else 0
+
+    def read() -> tuple[int, int | None]:
+        return counted.live, torch.cuda.memory_allocated(device) - allocated if cuda else None
+
+    with counting_tensor_bytes() as counted:
+        wrapped = DistributedDataParallel(model, gradient_as_bucket_view=gradient_as_bucket_view)
+        probe = HeldGradientProbe(read, micro_step=len(window) - 1)
+        AccumulationTrainer(wrapped, sample_classification_loss,
+                            torch.optim.SGD(wrapped.parameters(), lr=0.1),
+                            accumulation_steps=len(window), progress=False,
+                            observers=[probe]).step_window(window)
+    held, cuda_held = probe.held
+    return {"k": len(window), "held_bytes": held, "gradient_bytes": gradient_bytes,
+            "cuda_held_bytes": cuda_held,
+            "cuda_peak_bytes": torch.cuda.max_memory_allocated(device) - allocated if cuda
+            else None}
+
+
+def fsdp2_held_bytes(input_dim: int, hidden_dim: int, window: list,
+                     device: torch.device) -> dict[str, object]:
+    """Return the gradient bytes FSDP2 holds after a window's first micro-step, syncing once
+    per window (``no_sync``) and every micro-step (``sync``), and the parameter bytes."""
+    from torch.distributed.fsdp import fully_shard
+
+    results: dict[str, object] = {}
+    for name, sync_every in (("no_sync", False), ("sync", True)):
+        model = make_mlp(input_dim, hidden_dim, 4, dtype=torch.float32).to(device)
+        for layer in (model[0], model[-1]):
+            fully_shard(layer)
+        fully_shard(model)
+        results["parameter_bytes"] = sum(p.numel() * p.element_size()  # DTensor: global
+                                         for p in model.parameters())
+        probe = HeldGradientProbe(lambda model=model: held_gradient_bytes(model))
+        AccumulationTrainer(model, sample_classification_loss,
+                            torch.optim.SGD(model.parameters(), lr=0.1),
+                            accumulation_steps=2, progress=False, observers=[probe],
+                            sync_every_micro_step=sync_every).step_window(window)
+        results[name] = probe.held
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Measure DDP both ways and FSDP2 both ways; write JSON on rank 0."""
+    parser = argparse.ArgumentParser(prog="python -m gradaccum_lib.jobs.memory_probe")
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--input-dim", type=int, default=64)
+    parser.add_argument("--hidden-dim", type=int, default=256)
+    parser.add_argument("--ks", type=int, nargs="*", default=[],
+                        help="also measure DDP both ways at these k (windows of k micro-batches "
+                             "of 8 samples each): 'ddp_per_k' in the JSON")
+    arguments = parser.parse_args(argv)
+    if any(k < 1 for k in arguments.ks):
+        parser.error(f"--ks must be >= 1; got {arguments.ks}")
+    ctx = init_distributed()
+    with process_group_session():
+        generator = torch.Generator().manual_seed(ctx.rank)
+        size = 8 * max([2, *arguments.ks])
+        inputs = torch.randn(size, arguments.input_dim, generator=generator).to(ctx.device)
+        labels = torch.randint(0, 4, (size,), generator=generator).to(ctx.device)
+        windows = {k: [(inputs[8 * i:8 * i + 8], labels[8 * i:8 * i + 8]) for i in range(k)]
+                   for k in {2, *arguments.ks}}
+        dims = (arguments.input_dim, arguments.hidden_dim)
+
+        def both_ways(k: int) -> dict[str, dict]:
+            return {"default": ddp_held_bytes(*dims, windows[k], ctx.device, False),
+                    "gradient_as_bucket_view": ddp_held_bytes(*dims, windows[k], ctx.device,
+                                                              True)}
+
+        results: dict[str, object] = {
+            "world_size": ctx.world_size, "ddp": both_ways(2),
+            "ddp_per_k": [both_ways(k) for k in arguments.ks],
+            **fsdp2_held_bytes(*dims, windows[2], ctx.device)}
+        if ctx.is_main:
+            with open(arguments.json, "w") as handle:
+                json.dump(results, handle)
+    return 0
+
+
+if __name__ == "__main__":
+    run_worker(main)
