@@ -17,11 +17,21 @@ README-gpu.md (the README's CUDA section and a `gpu` column for README.md's note
 3. time per sample against micro-batch size (benchmarks/run.py's ``micro_batch_time``);
 4. the library's loop against the bare nanoGPT loop and Accelerate (run.py's
    ``loop_overhead``);
-5. each notebook's wall time under ``GRADACCUM_PROFILE=gpu``, within what is left of the
+5. the code readers copy, under nccl (one process per GPU, at most 4): 00's card loops
+   (``train_window``: the large batch's step to 1e-12 in float64; ``train_window_fp16`` with a
+   GradScaler: within 1% of the fp32 update) and 05's plain DDP loop against the engine's
+   run (``gradaccum_lib.jobs.ddp``, the same samples and split: 1e-12), each launched as the
+   notebooks launch them;
+6. DDP's own gradient memory per k (``gradaccum_lib.jobs.memory_probe``): bytes held after a
+   window's last backward with DDP's default and with ``gradient_as_bucket_view=True``,
+   counted and by the CUDA allocator, against the budget model's bucket copy
+   (``memory_budget(..., ddp_bucket_copy=True)``);
+7. each notebook's wall time under ``GRADACCUM_PROFILE=gpu``, within what is left of the
    budget (``--budget-seconds``, 480 by default).
 
 Without a CUDA device it exits at once with status 2 and says what to do.
-``--cpu-rehearsal`` runs steps 1-4 on the CPU at tiny sizes (for the tests; not GPU numbers).
+``--cpu-rehearsal`` runs steps 1-6 on the CPU at tiny sizes, 5 and 6 under gloo (for the tests;
+not GPU numbers). Any check outside its bound makes the exit status 1.
 """
 
 from __future__ import annotations
@@ -109,6 +119,129 @@ def no_cuda_message() -> str | None:
             "Run `make gpu-check` on a machine with an NVIDIA GPU and a CUDA build of torch "
             "(install the pinned torch==2.13.0 from PyTorch's CUDA wheel index for your CUDA "
             "version into .venv). On this machine, `make bench` measures the CPU numbers.")
+
+
+# ----------------------------------------------------------------------------- the reader's code
+
+def written_program(notebook: str, name: str) -> str:
+    """Return the program that ``notebooks/<notebook>`` writes with ``%%writefile
+    ../build/<name>`` (the code the series gives readers to copy), read from the committed
+    notebook: a fresh clone has no build/."""
+    import nbformat
+
+    cells = nbformat.read(NOTEBOOKS / notebook, as_version=4).cells
+    header = f"%%writefile ../build/{name}"
+    for cell in cells:
+        if cell.cell_type == "code" and cell.source.startswith(header):
+            return cell.source.split("\n", 1)[1] + "\n"
+    raise ValueError(f"notebooks/{notebook} has no cell starting with {header!r}")
+
+
+def reader_world_size() -> int:
+    """Return the processes for the reader's programs: one per GPU, 1, 2 or 4 of them (the
+    card's window has 4 micro-batches to share); 2 gloo processes on a CPU."""
+    gpus = torch.cuda.device_count()
+    return 2 if not gpus else max(w for w in (1, 2, 4) if w <= gpus)
+
+
+def reader_code_checks(world_size: int, device: torch.device) -> tuple[dict, list[str]]:
+    """Run 00's card program and 05's plain DDP loop as the notebooks write them, under
+    torchrun with ``world_size`` processes (nccl on GPUs, gloo on a CPU), against the truth;
+    return the measured differences and a message per failure."""
+    import runpy
+
+    from gradaccum_lib.jobs.launcher import launch
+    from gradaccum_lib.workloads.data import make_toy_classification
+    from gradaccum_lib.workloads.models import make_mlp
+
+    results: dict[str, object] = {"world_size": world_size, "device": device.type}
+    failures: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="gpu-check-reader-") as folder:
+        card = Path(folder) / "answer_loop.py"
+        card.write_text(written_program("00_the_article.ipynb", "answer_loop.py"))
+        plain = Path(folder) / "plain_ddp_loop.py"
+        plain.write_text(written_program("05_ddp_torchrun.ipynb", "plain_ddp_loop.py"))
+        loops = runpy.run_path(str(card))
+        ranks = launch(str(card), [], nproc_per_node=world_size, timeout_seconds=300)
+        k = 4 // world_size  # 05's splits: 4 x 1, 2 x 2, 1 x 4 (micro-batch 2, 28 samples)
+        plain_run = launch(str(plain), ["ddp", str(k)], nproc_per_node=world_size,
+                           timeout_seconds=300)
+    engine_run = launch("gradaccum_lib.jobs.ddp", [
+        "--task", "tokens", "--micro-batch-size", "2", "--samples", "28", "--steps", "8",
+        "--steps-per-epoch", "4", "--optimizer", "adamw", "--lr", "0.01", "--dump-parameters",
+        "--accumulation-steps", str(k), "--wrap", "ddp"], nproc_per_node=world_size,
+        timeout_seconds=300)
+    inputs, labels = make_toy_classification(32, 16, 4, seed=0)
+    truth = {}
+    for dtype in (torch.float64, torch.float32):  # the large batch's step, on this device
+        model = make_mlp(16, 32, 4, seed=1, dtype=dtype).to(device)
+        start = torch.cat([p.detach().flatten() for p in model.parameters()]).cpu()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        loops["train_window"](model, optimizer,
+                              torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0),
+                              [(inputs.to(device, dtype), labels.to(device))])
+        truth[dtype] = start, torch.cat([p.detach().flatten() for p in model.parameters()]).cpu()
+    checks = {  # name: (measured, bound, must be below the bound)
+        "train_window: largest difference to the large batch's step (float64)": (
+            (torch.tensor(ranks["train_window"], dtype=torch.float64)
+             - truth[torch.float64][1]).abs().max().item(),
+            1e-12, True),
+        "train_window_fp16: update off the fp32 large batch's, relative": (
+            _relative_off(ranks["train_window_fp16"], *truth[torch.float32]), 0.01, True),
+        "mean / k shortcut: update off the large batch's, relative (must be large)": (
+            _relative_off(ranks["mean / k"], *truth[torch.float64]), 0.01, False),
+        "05's plain DDP loop: largest difference to the engine's run": (
+            max(abs(a - b) for a, b in zip(plain_run["final_parameters"],
+                                           engine_run["final_parameters"], strict=True)),
+            1e-12, True),
+    }
+    results["checks"] = []
+    for name, (value, bound, below) in checks.items():
+        ok = value <= bound if below else value > bound
+        results["checks"].append({"check": name, "value": value, "bound": bound,
+                                  "below": below, "ok": ok})
+        if not ok:
+            failures.append(f"{name}: {value:.3g} is {'above' if below else 'not above'} "
+                            f"{bound:g} ({world_size} process(es) on {device.type})")
+    return results, failures
+
+
+def _relative_off(parameters: Sequence[float], start: torch.Tensor,
+                  truth: torch.Tensor) -> float:
+    """Return |parameters - truth| / |truth - start|: how far an update is off the true one."""
+    return ((torch.tensor(parameters, dtype=truth.dtype) - truth).norm()
+            / (truth - start).norm()).item()
+
+
+def ddp_memory_checks(rehearsal: bool) -> tuple[list[dict], list[str]]:
+    """Measure DDP's gradient bytes both ways per k on one process (nccl on a GPU) and hold
+    the difference against the budget model's bucket copy: counted bytes within 1%, the CUDA
+    allocator's within 5% (it rounds blocks). Return the rows and a message per failure."""
+    from gradaccum_lib.jobs.launcher import launch
+    from gradaccum_lib.measure.memory import memory_budget
+
+    sizes = ["--ks", "1", "2", "4"] if rehearsal else [
+        "--input-dim", "1024", "--hidden-dim", "4096", "--ks", "1", "2", "4", "8"]
+    probe = launch("gradaccum_lib.jobs.memory_probe", sizes, nproc_per_node=1,
+                   timeout_seconds=300)
+    rows, failures = [], []
+    for pair in probe["ddp_per_k"]:
+        default, views = pair["default"], pair["gradient_as_bucket_view"]
+        parameters = default["gradient_bytes"] // 4  # fp32
+        modelled = memory_budget(parameters, ddp_bucket_copy=True).ddp_buckets
+        row = {"k": default["k"], "gradient_bytes": default["gradient_bytes"],
+               "modelled_copy_bytes": modelled,
+               "counted_copy_bytes": default["held_bytes"] - views["held_bytes"],
+               "cuda_copy_bytes": None if default["cuda_held_bytes"] is None else
+               default["cuda_held_bytes"] - views["cuda_held_bytes"],
+               "cuda_peak_default_bytes": default["cuda_peak_bytes"],
+               "cuda_peak_views_bytes": views["cuda_peak_bytes"]}
+        for key, tolerance in (("counted_copy_bytes", 0.01), ("cuda_copy_bytes", 0.05)):
+            if row[key] is not None and not abs(row[key] - modelled) <= tolerance * modelled:
+                failures.append(f"DDP bucket copy at k = {row['k']}: {key} {row[key]:,} is not "
+                                f"within {tolerance:.0%} of the budget model's {modelled:,}")
+        rows.append(row)
+    return rows, failures
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -401,6 +534,24 @@ def cuda_markdown(results: Mapping) -> str:
         "largest micro-batch |",
         lambda _, row: f"{row['micro_batch_size']} | {row['k']} | "
         f"{1e3 * row['seconds_per_sample']:.2f} | {row['ratio_to_largest']:.2f}")
+    reader = results.get("reader_code")
+    if reader:
+        lines += ["", f"**The code readers copy**, launched with {reader['world_size']} "
+                  f"process(es) on {reader['device']} as the notebooks launch it:", "",
+                  "| check | measured | bound | ok |", "|---|---|---|---|"]
+        lines += [f"| {row['check']} | {row['value']:.3g} | {'≤' if row['below'] else '>'} "
+                  f"{row['bound']:g} | {'yes' if row['ok'] else 'NO'} |"
+                  for row in reader["checks"]]
+    if results.get("ddp_memory"):
+        lines += ["", "**DDP's bucket copy of the gradients** (one process; held after a "
+                  "window's last backward, DDP's default minus `gradient_as_bucket_view=True`, "
+                  "against `memory_budget(..., ddp_bucket_copy=True)`; MiB):", "",
+                  "| k | gradients | modelled copy | counted copy | CUDA allocator's copy | "
+                  "CUDA peak, default | CUDA peak, views |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {row['k']} | {_mib(row['gradient_bytes'])} | "
+                  f"{_mib(row['modelled_copy_bytes'])} | {_mib(row['counted_copy_bytes'])} | "
+                  f"{_mib(row['cuda_copy_bytes'])} | {_mib(row['cuda_peak_default_bytes'])} | "
+                  f"{_mib(row['cuda_peak_views_bytes'])} |" for row in results["ddp_memory"]]
     lines += ["", "**Library loop against the bare nanoGPT loop and Accelerate** (fp32, AdamW, "
               "one optimizer step):", ""]
     lines += _model_table(
@@ -515,7 +666,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget-seconds", type=float, default=480.0,
                         help="stop timing notebooks when this much time has passed")
     parser.add_argument("--cpu-rehearsal", action="store_true",
-                        help="steps 1-4 on the CPU at tiny sizes (tests only; no GPU numbers)")
+                        help="steps 1-6 on the CPU at tiny sizes (tests only; no GPU numbers)")
     arguments = parser.parse_args(argv)
     if arguments.budget_seconds <= 0:
         parser.error(f"--budget-seconds must be > 0; got {arguments.budget_seconds}")
@@ -543,6 +694,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         results["models"][name] = measure_model(name, config, sizes, device)
     failures = check_tolerances([row for model in results["models"].values()
                                  for row in model["precision"]])
+    results["reader_code"], reader_failures = reader_code_checks(reader_world_size(), device)
+    results["ddp_memory"], memory_failures = ddp_memory_checks(rehearsal)
+    failures += reader_failures + memory_failures
+    print(f"reader's code and DDP memory in {time.perf_counter() - started:.0f} s", flush=True)
     results["measure_seconds"] = time.perf_counter() - started
     skip = arguments.skip_notebooks or rehearsal
     results["notebooks"] = [] if skip else notebook_times(
@@ -559,7 +714,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"wrote {out / 'results-gpu.json'}, {out / 'results-gpu.png'} and "
           f"{out / 'README-gpu.md'} in {results['seconds']:.0f} s")
     for failure in failures:
-        print(f"OUTSIDE TOLERANCE: {failure}", file=sys.stderr)
+        print(f"CHECK FAILED: {failure}", file=sys.stderr)
     return FAILED_EXIT if failures else 0
 
 

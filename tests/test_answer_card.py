@@ -75,13 +75,15 @@ def test_every_number_on_the_card_is_printed_by_a_cell_of_00() -> None:
 def test_both_cards_show_the_same_code_and_it_is_the_code_that_runs() -> None:
     english, chinese = _cards()
     blocks = _code_blocks(english)
-    assert len(blocks) == 2, "the correct loop and the article's loop"
+    assert len(blocks) == 3, "the correct loop, its fp16 variant and the article's loop"
     assert [_without_comments(b) for b in blocks] == [
         _without_comments(b) for b in _code_blocks(chinese)]
     written = next(_source(c) for c in _cells()
                    if c["cell_type"] == "code" and _source(c).startswith("%%writefile"))
-    assert "\n".join(_without_comments(blocks[0])) in "\n".join(_without_comments(written)), (
-        "the card's train_window differs from the one 00 writes and runs")
+    for block, name in zip(blocks[:2], ("train_window", "train_window_fp16"), strict=True):
+        assert block.startswith(f"def {name}(")
+        assert "\n".join(_without_comments(block)) in "\n".join(_without_comments(written)), (
+            f"the card's {name} differs from the one 00 writes and runs")
 
 
 def test_the_number_scanner() -> None:

@@ -2,8 +2,9 @@
 
 (a) without CUDA it stops at once with status 2 and says what to do (the script and the make
 target); (b) its pure parts on synthetic results: tolerance checks, markdown, README-gpu.md;
-(c) its measuring functions on the CPU at tiny sizes (a rehearsal of the whole run), and the
-notebook timer's ok / failed / stopped / not-run paths on tiny notebooks.
+(c) its measuring functions on the CPU at tiny sizes (a rehearsal of the whole run: the
+precision paths, the reader's programs under gloo, DDP's bucket copy per k), and the notebook
+timer's ok / failed / stopped / not-run paths on tiny notebooks.
 """
 
 from __future__ import annotations
@@ -219,8 +220,19 @@ def test_cpu_rehearsal_measures_every_part_and_writes_the_files(tmp_path, capsys
         assert all(row["ok"] for row in precision.values())
         assert [row["micro_batch_size"] for row in model["micro_batch_time"]] == [4, 2, 1]
         assert [row["k"] for row in model["loop_overhead"]] == sizes["loop_ks"]
+    reader = results["reader_code"]  # the card's program and 05's plain loop, 2 gloo ranks
+    assert reader["world_size"] == 2 and reader["device"] == "cpu"
+    assert [row["check"].split(":")[0] for row in reader["checks"]] == [
+        "train_window", "train_window_fp16", "mean / k shortcut", "05's plain DDP loop"]
+    assert all(row["ok"] for row in reader["checks"])
+    assert [row["k"] for row in results["ddp_memory"]] == [1, 2, 4]
+    for row in results["ddp_memory"]:  # exactly one more copy of the gradients, every k
+        assert row["counted_copy_bytes"] == row["modelled_copy_bytes"] == row["gradient_bytes"]
+        assert row["cuda_copy_bytes"] is None
     readme = (tmp_path / "README-gpu.md").read_text()
     assert "CPU REHEARSAL" in readme and readme in capsys.readouterr().out
+    assert "| train_window: largest difference to the large batch's step (float64) |" in readme
+    assert "**DDP's bucket copy of the gradients**" in readme
     assert (tmp_path / "results-gpu.png").read_bytes().startswith(b"\x89PNG")
 
 
