@@ -109,6 +109,39 @@ def test_bad_answers_are_refused_with_a_message() -> None:
         check_exercise("01.2", 3)
 
 
+# 02.1: a hint per kind of wrong answer (the truth: 12 fits, 13 does not; 12 x 22 >= 256)
+FIT_A_GPU_HINTS = {
+    "does not fit": ((16, 16), r"^micro-batch 16 does not fit: .* need 20\.1 GiB, more than 16; "
+                                r"k=16 would be right for micro-batches of 16"),
+    "fits, not the largest": ((11, 24), r"^micro-batch 11 fits \(14\.6 GiB of 16\) but is not "
+                                        r"the largest: .*; k=24 would be right for micro-batches "
+                                        r"of 11"),
+    "k too small": ((12, 21), r"^k=21 is too small for micro-batches of 12: 12 x 21 = 252 < 256$"),
+    "k more than needed": ((12, 23), r"^k=23 is more than micro-batches of 12 need: 12 x 23 = "
+                                     r"276, and a smaller k reaches 256 too$"),
+    "both wrong": ((13, 10), r"^micro-batch 13 does not fit: .* need 16\.8 GiB, more than 16; "
+                             r"k=10 is too small for micro-batches of 13: 13 x 10 = 130 < 256$"),
+    "malformed: one number": (12, r"^answer must be a pair of positive integers"),
+    "malformed: three numbers": ((12, 22, 1), r"^answer must be a pair of positive integers"),
+    "malformed: a float": ((12.0, 22), r"^answer must be a pair of positive integers"),
+    "malformed: zero": ((0, 22), r"^answer must be a pair of positive integers"),
+    "malformed: a string": (("12", "22"), r"^answer must be a pair of positive integers"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FIT_A_GPU_HINTS))
+def test_02_1_gives_the_hint_for_its_kind_of_wrong_answer(kind: str) -> None:
+    answer, hint = FIT_A_GPU_HINTS[kind]
+    with pytest.raises(WrongAnswer) as wrong_answer:
+        check_exercise("02.1", answer)
+    assert re.match(hint, str(wrong_answer.value).splitlines()[2].removeprefix("Hint: "))
+
+
+def test_02_1_takes_a_list_as_a_pair(capsys: pytest.CaptureFixture[str]) -> None:
+    check_exercise("02.1", [12, 22])
+    assert capsys.readouterr().out.startswith("✓ Exercise 02.1: correct. micro-batch 12 fits")
+
+
 def test_the_ddp_checker_leaves_no_process_group() -> None:
     check_exercise("05.1", CASES["05.1"][0])
     assert not torch.distributed.is_initialized()

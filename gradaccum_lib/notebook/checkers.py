@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping
+from numbers import Integral
 
 import torch
 from torch import nn
@@ -154,16 +155,40 @@ def decomposing_loss(answer: object) -> str:
 # ---- 02: one device -----------------------------------------------------------------------
 
 def fit_a_gpu(answer: object) -> str:
-    _require(isinstance(answer, tuple) and len(answer) == 2,
-             f"answer must be a pair (micro_batch_size, k); got {answer!r}")
+    _require(isinstance(answer, (tuple, list)) and len(answer) == 2
+             and all(isinstance(n, Integral) and not isinstance(n, bool) and n > 0
+                     for n in answer),
+             f"answer must be a pair of positive integers (micro_batch, k); got {answer!r}")
+    given_micro, given_k = (int(n) for n in answer)
+    device, reserve, per_sample = 16 * GIB, 1 * GIB, 1.1 * GIB
     parameters = count_bert_parameters(BERT_BASE_CHINESE, num_labels=10)
-    micro = max_micro_batch_size(16 * GIB, parameters, 1.1 * GIB, optimizer="adamw",
-                                 precision="fp32", reserved_bytes=1 * GIB)
+    state = memory_budget(parameters, optimizer="adamw", precision="fp32").total
+    micro = max_micro_batch_size(device, parameters, per_sample, optimizer="adamw",
+                                 precision="fp32", reserved_bytes=reserve)
     k = accumulation_steps_for(256, micro)
-    _require(answer[0] == micro, f"micro-batch {answer[0]} is not the largest that fits: "
-                                 "subtract 16 bytes per parameter (AdamW, fp32) and the reserve")
-    _require(answer[1] == k, f"k={answer[1]} is not the smallest with {micro} x k >= 256")
+    if given_micro != micro:  # the micro-batch first; then whether k matches the reader's own
+        needed = (state + reserve + given_micro * per_sample) / GIB
+        hint = (f"micro-batch {given_micro} does not fit: its activations, the state (16 bytes "
+                f"per parameter, AdamW in fp32) and the reserve need {needed:.1f} GiB, more "
+                "than 16" if given_micro > micro else
+                f"micro-batch {given_micro} fits ({needed:.1f} GiB of 16) but is not the "
+                "largest: divide what the state (16 bytes per parameter) and the reserve leave "
+                "by the activations per sample")
+        raise WrongAnswer(f"{hint}; {_k_hint(given_micro, given_k)}")
+    _require(given_k == k, _k_hint(micro, given_k))
     return f"micro-batch {micro} fits, and k = {k} gives {micro * k} samples per step"
+
+
+def _k_hint(micro: int, k: int) -> str:
+    """What is wrong with ``k`` for micro-batches of ``micro`` (02.1), in words."""
+    samples, smallest = micro * k, accumulation_steps_for(256, micro)
+    if k < smallest:
+        return f"k={k} is too small for micro-batches of {micro}: {micro} x {k} = {samples} < 256"
+    if k > smallest:
+        return (f"k={k} is more than micro-batches of {micro} need: {micro} x {k} = {samples}, "
+                "and a smaller k reaches 256 too")
+    return (f"k={k} would be right for micro-batches of {micro}: take the smallest k for the "
+            "micro-batch that fits")
 
 
 def forgot_to_divide(answer: object, *, loop: Callable) -> str:
