@@ -102,6 +102,14 @@ def uninterrupted(tmp_path_factory):
         _kill_tree(process)
     assert code == 0, err[-3000:]
     assert "effective batch = micro-batch 4 x k 2 x world 2 = 16" in out
+    # at the end, on rank 0 only (once), where each file went
+    assert out.splitlines()[-4:] == [
+        f"wrote {directory / 'final.pt'}: the model's state_dict",
+        f"wrote {directory / 'epochs.json'}: each epoch's validation loss, accuracy and macro-F1",
+        f"wrote {directory / 'checkpoint.pt'}: the last checkpoint, which --resume continues "
+        "from",
+        f"wrote {directory / 'log.json'}: the JSON log (the run and every optimizer step)"], out
+    assert out.count("wrote ") == 4
     return directory
 
 

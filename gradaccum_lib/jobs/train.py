@@ -9,7 +9,8 @@ one node or several. Every rank trains its ``DistributedSampler`` shard of the s
 corpus (``set_epoch`` each epoch) with :class:`AccumulationTrainer`; rank 0 shows a progress
 bar, writes atomic checkpoints every ``--checkpoint-every`` windows and at each epoch's end,
 evaluates the whole validation split after each epoch (gathered across ranks, no sample
-counted twice), and writes ``final.pt`` (the model's ``state_dict``) and the JSON log. With
+counted twice), writes ``final.pt`` (the model's ``state_dict``) and the JSON log, and prints
+the path of every file it wrote. With
 ``--resume`` a (re)started job continues from the latest checkpoint in ``--checkpoint-dir``:
 after torchrun restarts a lost worker's group, the run ends bit-for-bit where an uninterrupted
 one would.
@@ -232,6 +233,20 @@ def run(arguments: argparse.Namespace) -> dict:
     return log
 
 
+def _written_files(arguments: argparse.Namespace) -> str:
+    """Return the end-of-run lines naming each file the job writes that is there: the model,
+    the logs and the checkpoint (or a line saying that nothing was saved)."""
+    directory = arguments.checkpoint_dir
+    files = [] if directory is None else [
+        (directory / FINAL, "the model's state_dict"),
+        (directory / EPOCHS_LOG, "each epoch's validation loss, accuracy and macro-F1"),
+        (directory / CHECKPOINT, "the last checkpoint, which --resume continues from")]
+    if arguments.json:
+        files.append((arguments.json, "the JSON log (the run and every optimizer step)"))
+    lines = [f"wrote {path}: {what}" for path, what in files if path.is_file()]
+    return "\n".join(lines) or "saved nothing (no --checkpoint-dir or --json given)"
+
+
 class _Delay:
     """An observer that sleeps once per window (fault tests only)."""
 
@@ -252,9 +267,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with process_group_session():
             log = run(arguments)
-            if (not dist.is_initialized() or dist.get_rank() == 0) and arguments.json:
+            main_rank = not dist.is_initialized() or dist.get_rank() == 0
+            if main_rank and arguments.json:
                 arguments.json.parent.mkdir(parents=True, exist_ok=True)
                 _atomic_json(arguments.json, log)
+            if main_rank:
+                print(_written_files(arguments), flush=True)
     except (JobError, CheckpointError) as refusal:  # every rank refuses; rank 0 says why
         if os.environ.get("RANK", "0") == "0":
             print(f"error: {refusal}", file=sys.stderr, flush=True)
