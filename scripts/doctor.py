@@ -6,8 +6,9 @@ code is 1 when any check FAILs, else 0. Nothing is installed or written.
 
 Checks: the Python version (3.11); every ``==`` pin of pyproject.toml (``dependencies`` and the
 ``dev`` extra) against the installed distribution; torch's build (CPU or CUDA) and the device
-the notebooks will use; the size profile (``GRADACCUM_PROFILE``); Chromium for the browser
-test; the port `make lab` listens on (8888, or ``$LAB_PORT``).
+the notebooks will use; the size profile (``GRADACCUM_PROFILE``); a font with Chinese
+characters (without one, 00's Chinese answer card and the site's Chinese pages show boxes);
+Chromium for the browser test; the port `make lab` listens on (8888, or ``$LAB_PORT``).
 
 Usage: python scripts/doctor.py   (``make doctor`` runs it with .venv's Python)
 """
@@ -33,6 +34,9 @@ DEFAULT_PORT = 8888
 COMMITTED_PROFILE = "ci"
 PIN = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9_.\-]*)\s*==\s*([^\s;,]+)\s*$")
 CPU_TORCH = ("pip install torch=={version} --index-url https://download.pytorch.org/whl/cpu")
+CJK_PROBE = "中文"  # characters a font must draw to show the Chinese pages
+CJK_FONT_FIX = ("Debian/Ubuntu: `sudo apt-get install fonts-noto-cjk` (then restart the "
+                "browser); macOS and Windows ship one (PingFang SC, Microsoft YaHei)")
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,46 @@ def check_profile(get_profile: Callable[[str | None], object],
     return Check("OK", "profile", f"{lab} ({where}), the committed outputs' sizes")
 
 
+def find_cjk_font() -> str | None:
+    """The name of an installed font that draws Chinese, or None: fontconfig's
+    ``fc-list :lang=zh`` where fc-list exists (what Linux browsers use), else the first font
+    of matplotlib's font manager whose character map has :data:`CJK_PROBE` (matplotlib's own
+    fonts left out: a browser does not see them, and its Last Resort font maps every character
+    to a box)."""
+    if shutil.which("fc-list"):
+        try:
+            result = subprocess.run(["fc-list", ":lang=zh", "family"], capture_output=True,
+                                    text=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            result = None
+        if result is not None and result.returncode == 0:
+            families = [line.split(",")[0].strip() for line in result.stdout.splitlines()]
+            return next((family for family in sorted(families) if family), None)
+    import matplotlib
+    from matplotlib import font_manager, ft2font
+
+    bundled = Path(matplotlib.get_data_path()).resolve()
+    for entry in font_manager.fontManager.ttflist:
+        if Path(entry.fname).resolve().is_relative_to(bundled):
+            continue
+        try:
+            charmap = ft2font.FT2Font(entry.fname).get_charmap()
+        except (OSError, RuntimeError, ValueError):
+            continue
+        if all(ord(character) in charmap for character in CJK_PROBE):
+            return entry.name
+    return None
+
+
+def check_cjk_font(probe: Callable[[], str | None] = find_cjk_font) -> Check:
+    font = probe()
+    if font is None:
+        return Check("WARN", "cjk_font", "no font with Chinese characters: 00's Chinese answer "
+                                         "card and the site's Chinese pages show boxes",
+                     CJK_FONT_FIX)
+    return Check("OK", "cjk_font", f"{font}, for the Chinese card and pages")
+
+
 def check_chromium(path: Path = CHROMIUM) -> Check:
     fix = "`apt-get install chromium` (Debian); only `make test-browser` needs it"
     if not (path.is_file() and os.access(path, os.X_OK)):
@@ -219,6 +263,7 @@ def run_checks() -> list[Check]:
     else:
         checks.append(check_pins(pins))
     checks.extend(check_torch())
+    checks.append(check_cjk_font())
     checks.append(check_chromium())
     checks.append(check_port())
     return checks

@@ -35,7 +35,8 @@ def test_the_script_prints_one_line_per_check_and_exits_by_its_failures():
     lines = result.stdout.splitlines()
     parsed = [match for match in map(LINE.match, lines) if match]
     names = [match.group(2) for match in parsed]
-    assert names == ["python", "packages", "torch", "device", "profile", "chromium", "port"], (
+    assert names == ["python", "packages", "torch", "device", "profile", "cjk_font", "chromium",
+                     "port"], (
         result.stdout + result.stderr)
     failed = [match.group(2) for match in parsed if match.group(1) == "FAIL"]
     for match in parsed:
@@ -126,3 +127,59 @@ def test_python_profile_chromium_and_port_checks(tmp_path):
         taken = doctor.check_port(port)
     assert taken.status == "WARN" and f"LAB_PORT={port + 1} make lab" in taken.fix
     assert doctor.check_port(_free_port()).status == "OK"
+
+
+def test_the_cjk_font_check_names_the_font_or_the_package_to_install():
+    found = doctor.check_cjk_font(lambda: "Noto Sans CJK SC")
+    assert found.line() == "OK   cjk_font: Noto Sans CJK SC, for the Chinese card and pages"
+    missing = doctor.check_cjk_font(lambda: None)
+    assert missing.status == "WARN" and "show boxes" in missing.message
+    assert LINE.match(missing.line()) and "-> fix: " in missing.line()  # one line, with the fix
+    assert "apt-get install fonts-noto-cjk" in missing.fix
+    assert "macOS and Windows ship one" in missing.fix
+
+
+def _fake_fc_list(stdout: str, returncode: int = 0):  # noqa: ANN202
+    def run(command, **_):  # noqa: ANN001, ANN003, ANN202
+        assert command == ["fc-list", ":lang=zh", "family"]
+        return subprocess.CompletedProcess(command, returncode, stdout, "")
+    return run
+
+
+def test_the_cjk_probe_asks_fontconfig_where_fc_list_exists(monkeypatch):
+    monkeypatch.setattr(doctor.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(doctor.subprocess, "run", _fake_fc_list(
+        "Noto Serif CJK SC,Noto Serif CJK SC SemiBold\nNoto Sans CJK SC,Noto Sans CJK SC Bold\n"))
+    assert doctor.find_cjk_font() == "Noto Sans CJK SC"
+    monkeypatch.setattr(doctor.subprocess, "run", _fake_fc_list(""))  # no font for :lang=zh
+    assert doctor.find_cjk_font() is None
+
+
+def test_without_fc_list_the_cjk_probe_reads_matplotlibs_fonts(monkeypatch, tmp_path):
+    import matplotlib
+    from matplotlib import font_manager, ft2font
+
+    monkeypatch.setattr(doctor.shutil, "which", lambda name: None)
+    latin, chinese = tmp_path / "latin.ttf", tmp_path / "chinese.ttc"
+    # matplotlib's own Last Resort font maps every character, to a box: left out
+    last_resort = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "LastResortHE-Regular.ttf"
+    maps = {str(latin): {ord("a"): 1}, str(chinese): {ord("中"): 1, ord("文"): 2},
+            str(last_resort): {ord("中"): 1, ord("文"): 1}}
+
+    class FakeFont:
+        def __init__(self, fname: str) -> None:
+            self.fname = fname
+
+        def get_charmap(self) -> dict[int, int]:
+            return maps[self.fname]
+
+    def entry(path: Path, name: str) -> font_manager.FontEntry:
+        return font_manager.FontEntry(fname=str(path), name=name)
+
+    monkeypatch.setattr(ft2font, "FT2Font", FakeFont)
+    monkeypatch.setattr(font_manager.fontManager, "ttflist",
+                        [entry(latin, "Latin"), entry(last_resort, "Last Resort High-Efficiency")])
+    assert doctor.find_cjk_font() is None
+    monkeypatch.setattr(font_manager.fontManager, "ttflist",
+                        [entry(latin, "Latin"), entry(chinese, "PingFang SC")])
+    assert doctor.find_cjk_font() == "PingFang SC"
