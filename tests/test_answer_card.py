@@ -1,5 +1,6 @@
-"""Notebook 00 opens with the answer card in English and in Chinese: the same numbers, the same
-code, every number printed by a cell of 00, and the card's loop the one its cells run."""
+"""Notebook 00 opens with the two-minute spoken answer and the answer card, each in English and in
+Chinese: the same numbers, the same code, every number printed by a cell of 00, the spoken
+answers short enough to say in two minutes, and the card's loops the ones its cells run."""
 
 from __future__ import annotations
 
@@ -20,13 +21,28 @@ def _source(cell: dict) -> str:
     return "".join(cell["source"])
 
 
-def _cards() -> tuple[str, str]:
-    """The English and the Chinese card: the first two cells after the title."""
+def _spoken() -> tuple[str, str]:
+    """The English and the Chinese spoken answer: the first two cells after the title."""
     cells = _cells()
     english, chinese = _source(cells[1]), _source(cells[2])
+    assert english.startswith("## The answer in two minutes"), english[:80]
+    assert chinese.startswith("## 两分钟口述答案（中文）"), chinese[:80]
+    return english, chinese
+
+
+def _cards() -> tuple[str, str]:
+    """The English and the Chinese card: the two cells after the spoken answers."""
+    cells = _cells()
+    english, chinese = _source(cells[3]), _source(cells[4])
     assert english.startswith("## The answer card"), english[:80]
     assert chinese.startswith("## 答题卡（中文）"), chinese[:80]
     return english, chinese
+
+
+def _body(text: str) -> str:
+    """What is said aloud: the text without its heading and its italic stage direction."""
+    return "\n".join(line for line in text.splitlines()[1:] if not line.startswith("*What")
+                     and not line.startswith("*一个"))
 
 
 def _code_blocks(card: str) -> list[str]:
@@ -70,6 +86,28 @@ def test_every_number_on_the_card_is_printed_by_a_cell_of_00() -> None:
     printed = {token.replace(",", "") for token in NUMBER.findall(_outputs())}
     missing = sorted(numbers(english) - printed)
     assert not missing, f"numbers on the card that no output of 00 prints: {missing}"
+
+
+def test_the_spoken_answers_fit_two_minutes_and_state_the_same_printed_numbers() -> None:
+    english, chinese = _spoken()
+    words = len(re.findall(r"[\w'’.-]+", _body(english)))
+    # a Chinese character or punctuation mark is one, a Latin word or a number is one, as read
+    characters = len(re.findall(r"[\u4e00-\u9fff\u3000-\u303f\uff00-\uffef]|[A-Za-z0-9_.+×/-]+",
+                                _body(chinese)))
+    assert words <= 300, f"the English spoken answer is {words} words (at most 300)"
+    assert characters <= 500, f"the Chinese spoken answer is {characters} characters (at most 500)"
+    assert numbers(english) == numbers(chinese), (
+        f"only in English: {sorted(numbers(english) - numbers(chinese))}; "
+        f"only in Chinese: {sorted(numbers(chinese) - numbers(english))}")
+    printed = {token.replace(",", "") for token in NUMBER.findall(_outputs())}
+    assert not sorted(numbers(english) - printed), sorted(numbers(english) - printed)
+    assert numbers(english) <= numbers(_cards()[0]) | {"1"}  # the card's numbers, said aloud
+    # the five parts in order, the window defined, 显存 said, why x world size
+    heads = [line.split("**")[1] for line in _body(english).splitlines() if line.startswith("**")]
+    assert heads == ["What it computes.", "The loop.", "What it saves and costs.",
+                     "Two pitfalls.", "The article's case."]
+    assert "*window*" in english and "显存" in english and "averages" in english
+    assert "累积窗口" in chinese and "显存" in chinese and "取平均" in chinese
 
 
 def test_both_cards_show_the_same_code_and_it_is_the_code_that_runs() -> None:

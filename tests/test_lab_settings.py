@@ -87,3 +87,17 @@ def test_make_lab_installs_it_where_the_venvs_jupyterlab_reads_it(monkeypatch) -
     from jupyterlab.labapp import LabApp
 
     assert Path(LabApp().app_settings_dir) == Path(sys.prefix) / "share/jupyter/lab/settings"
+
+
+def test_every_notebook_names_the_kernel_jupyterlab_writes() -> None:
+    # JupyterLab rewrites a notebook's kernelspec to the running kernel's on open; one that
+    # differs ("Python 3" instead of "Python 3 (ipykernel)") marks it modified, and closing it
+    # asks to save a tracked file
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    expected = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+    specs = {str(path.relative_to(root)): json.loads(path.read_text())["metadata"]["kernelspec"]
+             for path in sorted((root / "notebooks").rglob("*.ipynb"))}
+    assert {path: spec for path, spec in specs.items() if spec != expected} == {}
