@@ -77,8 +77,10 @@ check-portability: $(STAMP)
 test-browser: $(STAMP)
 	$(NOTEBOOK_ENV) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests/browser -m browser -v
 
+# ... then the Chinese twins (notebooks/zh/) take the new outputs: scripts/build_twins.py
 notebooks: $(STAMP)
 	$(NOTEBOOK_ENV) $(PY) scripts/execute_notebooks.py notebooks/*.ipynb notebooks/solutions/*.ipynb
+	$(PY) scripts/build_twins.py
 
 # Every notebook executed under the laptop sizes, outputs not compared, nothing written: each
 # must run top to bottom with its asserts holding at those sizes too (not in `make test`: long)

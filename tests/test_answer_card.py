@@ -8,9 +8,10 @@ import json
 import re
 from pathlib import Path
 
+from prose_numbers import NUMBER, numbers
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "00_the_article.ipynb"
-NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*(?:e-\d+)?(?![\d])")  # 325.5M: 325.5
 
 
 def _cells() -> list[dict]:
@@ -52,16 +53,6 @@ def _code_blocks(card: str) -> list[str]:
 def _without_comments(code: str) -> list[str]:
     return [line.split("  #")[0].rstrip() for line in code.splitlines()
             if line.strip() and not line.strip().startswith("#")]
-
-
-def numbers(card: str) -> set[str]:
-    """The numbers a card states in its prose: code, link targets and heading anchors left out
-    (the code is compared on its own); '1,000' and '1000' are one number."""
-    prose = re.sub(r"```.*?```", " ", card, flags=re.S)
-    prose = re.sub(r"`[^`]*`", " ", prose)
-    prose = re.sub(r"\]\([^)]*\)", "]", prose)
-    prose = re.sub(r"\[(\d\d|§)[^\]]*\]", " ", prose)  # the cross-references' labels: 02 §5d
-    return {token.replace(",", "") for token in NUMBER.findall(prose)}
 
 
 def _outputs() -> str:

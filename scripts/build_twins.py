@@ -1,0 +1,287 @@
+"""The Chinese edition: each notebook's twin in notebooks/zh/, built from the English notebook
+and a translation file, so that the two cannot drift apart.
+
+    python scripts/build_twins.py             # write every twin that has a translation file
+    python scripts/build_twins.py notebooks/01_the_math.ipynb   # only these twins
+    python scripts/build_twins.py --check     # write nothing; report stale or missing cells
+    python scripts/build_twins.py --skeleton notebooks/01_the_math.ipynb
+                                              # add the cells a translation file lacks
+
+A translation file (``notebooks/zh/translations/<notebook>.md``, solutions under
+``solutions/``) has one section per markdown cell of the English notebook, headed by the cell's
+id and a hash of its English source::
+
+    <!-- cell 448c2880 source 1a2b3c4d5e6f -->
+    译文 ...
+
+A twin is the English notebook with each markdown cell replaced by its translation. Its code
+cells, their outputs and the widget state are the English ones, so the twin needs no execution
+of its own (CI runs the English notebook). Links are rewritten for the twin's folder: a link to
+a notebook points at that notebook's twin, its anchor at the translated heading (Jupyter's
+anchors are the heading's text), and any other relative link at the same file as before. The
+first cell ends with a link to the English notebook.
+
+A changed English cell makes its translation stale (its hash no longer matches); ``--check``
+and tests/test_twins.py name each stale or missing cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+TWINS = NOTEBOOKS / "zh"
+TRANSLATIONS = TWINS / "translations"
+MARKER = re.compile(r"^<!-- cell (\S+) source ([0-9a-f]{12}) -->[ \t]*$", re.M)
+TODO = "TODO-翻译"
+LINK = re.compile(r"(\]\()([^)\s]+)(\))")
+HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*$", re.M)
+
+
+def source_hash(source: str) -> str:
+    """Return the hash a translation records of its English cell's source."""
+    return hashlib.sha256(source.encode("utf-8")).hexdigest()[:12]
+
+
+def english_notebooks() -> list[Path]:
+    """Return the series' notebooks and solutions, in order."""
+    return sorted(NOTEBOOKS.glob("*.ipynb")) + sorted((NOTEBOOKS / "solutions").glob("*.ipynb"))
+
+
+def relative(path: Path) -> PurePosixPath:
+    """Return ``path`` relative to notebooks/ (``01_x.ipynb``, ``solutions/01_x_solutions...``)."""
+    return PurePosixPath(path.resolve().relative_to(NOTEBOOKS.resolve()).as_posix())
+
+
+def translation_path(notebook: Path) -> Path:
+    """Return the translation file of an English notebook."""
+    return TRANSLATIONS / relative(notebook).with_suffix(".md")
+
+
+def twin_path(notebook: Path) -> Path:
+    """Return where an English notebook's twin is written."""
+    return TWINS / relative(notebook)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One translated cell: the hash of the English source it translates, and the text."""
+
+    source_hash: str
+    text: str
+
+
+def read_translation(path: Path) -> dict[str, Entry]:
+    """Return {cell id: Entry} from a translation file (empty if there is none)."""
+    if not path.exists():
+        return {}
+    text = path.read_text(encoding="utf-8")
+    markers = list(MARKER.finditer(text))
+    entries: dict[str, Entry] = {}
+    for index, marker in enumerate(markers):
+        end = markers[index + 1].start() if index + 1 < len(markers) else len(text)
+        cell_id = marker.group(1)
+        if cell_id in entries:
+            raise ValueError(f"{path}: cell {cell_id} is translated twice")
+        entries[cell_id] = Entry(marker.group(2), text[marker.end():end].strip("\n"))
+    return entries
+
+
+def markdown_cells(notebook: dict) -> list[dict]:
+    """Return the notebook's markdown cells."""
+    return [cell for cell in notebook["cells"] if cell["cell_type"] == "markdown"]
+
+
+def _source(cell: dict) -> str:
+    return "".join(cell["source"])
+
+
+def problems(notebook_path: Path) -> list[str]:
+    """Return a line per markdown cell whose translation is missing, stale or a TODO, and per
+    translated cell that is no longer in the notebook."""
+    notebook = json.loads(notebook_path.read_text(encoding="utf-8"))
+    entries = read_translation(translation_path(notebook_path))
+    name = relative(notebook_path)
+    found = []
+    ids = set()
+    for cell in markdown_cells(notebook):
+        ids.add(cell["id"])
+        entry = entries.get(cell["id"])
+        if entry is None:
+            found.append(f"{name}: cell {cell['id']} has no translation")
+        elif entry.source_hash != source_hash(_source(cell)):
+            found.append(f"{name}: cell {cell['id']} changed since it was translated "
+                         f"(translated {entry.source_hash}, now {source_hash(_source(cell))})")
+        elif TODO in entry.text or not entry.text.strip():
+            found.append(f"{name}: cell {cell['id']} is not translated yet")
+    found += [f"{name}: the translation of cell {cell_id} has no cell in the notebook"
+              for cell_id in entries if cell_id not in ids]
+    return found
+
+
+def anchor(heading: str) -> str:
+    """Return Jupyter's anchor of a heading: its text, spaces replaced by '-'."""
+    return re.sub(r"\s", "-", heading.strip())
+
+
+def _headings(text: str) -> list[str]:
+    return [match.group(2) for match in HEADING.finditer(re.sub(r"```.*?```", "", text,
+                                                                flags=re.S))]
+
+
+def anchor_map(notebook_path: Path) -> dict[str, str]:
+    """Return {English anchor: translated anchor} for one notebook's headings, cell by cell."""
+    notebook = json.loads(notebook_path.read_text(encoding="utf-8"))
+    entries = read_translation(translation_path(notebook_path))
+    mapping = {}
+    for cell in markdown_cells(notebook):
+        entry = entries.get(cell["id"])
+        english = _headings(_source(cell))
+        translated = _headings(entry.text) if entry else english
+        if len(english) != len(translated):
+            raise ValueError(f"{relative(notebook_path)}: cell {cell['id']} has {len(english)} "
+                             f"heading(s) in English and {len(translated)} in its translation")
+        mapping.update({anchor(e): anchor(t) for e, t in zip(english, translated, strict=True)})
+    return mapping
+
+
+class Linker:
+    """Rewrites a translated cell's links for its twin's folder."""
+
+    def __init__(self) -> None:
+        self._anchors: dict[PurePosixPath, dict[str, str]] = {}
+
+    def anchors(self, notebook: PurePosixPath) -> dict[str, str]:
+        """Return the anchor map of the notebook at ``notebook`` (relative to notebooks/)."""
+        if notebook not in self._anchors:
+            path = NOTEBOOKS / notebook
+            self._anchors[notebook] = anchor_map(path) if path.exists() else {}
+        return self._anchors[notebook]
+
+    def rewrite(self, text: str, notebook: PurePosixPath) -> str:
+        """Return ``text`` with its links rewritten for the twin of ``notebook``."""
+        folder = PurePosixPath("notebooks") / notebook.parent
+
+        def one(match: re.Match) -> str:
+            target = match.group(2)
+            if re.match(r"^[a-z]+:", target):  # https:, mailto:
+                return match.group(0)
+            path, _, fragment = target.partition("#")
+            if not path:  # a heading of this notebook
+                return f"{match.group(1)}#{self.anchors(notebook).get(fragment, fragment)})"
+            resolved = PurePosixPath(os.path.normpath(str(folder / path)))
+            twin_folder = PurePosixPath("notebooks/zh") / notebook.parent
+            inside = PurePosixPath(*resolved.parts[1:])
+            if (resolved.suffix == ".ipynb" and resolved.parts[0] == "notebooks"
+                    and translation_path(NOTEBOOKS / inside).exists()):  # it has a twin
+                resolved = PurePosixPath("notebooks/zh") / inside
+                if fragment:
+                    fragment = self.anchors(inside).get(fragment, fragment)
+            new = os.path.relpath(str(resolved), str(twin_folder))
+            return f"{match.group(1)}{new}{'#' + fragment if fragment else ''}{match.group(3)}"
+
+        return LINK.sub(one, text)
+
+
+def english_link(notebook: PurePosixPath) -> str:
+    """Return the line a twin's first cell ends with: a link to the English notebook."""
+    back = os.path.relpath(str(PurePosixPath("notebooks") / notebook),
+                           str(PurePosixPath("notebooks/zh") / notebook.parent))
+    return f"\n\n[English version / 英文版]({back})"
+
+
+def build_twin(notebook_path: Path, linker: Linker | None = None) -> dict:
+    """Return the twin of an English notebook (its translation must be current)."""
+    found = problems(notebook_path)
+    if found:
+        raise ValueError("cannot build the twin:\n" + "\n".join(found))
+    linker = linker or Linker()
+    name = relative(notebook_path)
+    notebook = json.loads(notebook_path.read_text(encoding="utf-8"))
+    entries = read_translation(translation_path(notebook_path))
+    twin = copy.deepcopy(notebook)
+    for index, cell in enumerate(twin["cells"]):
+        if cell["cell_type"] != "markdown":
+            continue
+        text = linker.rewrite(entries[cell["id"]].text, name)
+        if index == 0:
+            text += english_link(name)
+        lines = text.split("\n")
+        cell["source"] = [line + "\n" for line in lines[:-1]] + [lines[-1]]
+    twin["metadata"]["language"] = "zh-CN"
+    return twin
+
+
+def dumps(notebook: dict) -> str:
+    """Return a notebook as the series writes it (nbformat's layout)."""
+    return json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"
+
+
+def skeleton(notebook_path: Path) -> Path:
+    """Write the translation file with a section for every markdown cell: current
+    translations kept, a stale one kept under its old text with a STALE note and the new hash,
+    a missing one as the English text under TODO-翻译. Return its path."""
+    notebook = json.loads(notebook_path.read_text(encoding="utf-8"))
+    entries = read_translation(translation_path(notebook_path))
+    parts = [f"<!-- the Chinese translation of notebooks/{relative(notebook_path)}: one section "
+             "per markdown cell (scripts/build_twins.py) -->"]
+    for cell in markdown_cells(notebook):
+        source, entry = _source(cell), entries.get(cell["id"])
+        if entry is None:
+            text = f"{TODO}\n{source}"
+        elif entry.source_hash != source_hash(source):
+            text = f"{TODO} STALE: the English changed; old translation below\n{entry.text}"
+        else:
+            text = entry.text
+        parts.append(f"<!-- cell {cell['id']} source {source_hash(source)} -->\n{text}")
+    path = translation_path(notebook_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n\n".join(parts) + "\n", encoding="utf-8")
+    return path
+
+
+def translated_notebooks() -> list[Path]:
+    """Return the English notebooks that have a translation file."""
+    return [path for path in english_notebooks() if translation_path(path).exists()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("notebooks", type=Path, nargs="*",
+                        help="English notebooks whose twins to build (default: every one that "
+                             "has a translation file)")
+    parser.add_argument("--check", action="store_true", help="report, write nothing")
+    parser.add_argument("--skeleton", type=Path, nargs="+", metavar="NOTEBOOK",
+                        help="add the missing sections to these notebooks' translation files")
+    arguments = parser.parse_args(argv)
+    if arguments.skeleton:
+        for path in arguments.skeleton:
+            print(f"wrote {skeleton(path).relative_to(ROOT)}")
+        return 0
+    chosen = [path.resolve() for path in arguments.notebooks] or translated_notebooks()
+    found = [line for path in chosen for line in problems(path)]
+    if arguments.check or found:
+        for line in found:
+            print(line, file=sys.stderr)
+        print(f"{len(chosen)} translated notebooks, {len(found)} problem(s)")
+        return 1 if found else 0
+    linker = Linker()
+    for path in chosen:
+        target = twin_path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(dumps(build_twin(path, linker)), encoding="utf-8")
+        print(f"wrote {target.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
