@@ -41,13 +41,9 @@ NOT_YET_EXPECTED: list[str] = [
     "04b_framework_audit.ipynb",
     "05_ddp_torchrun.ipynb",
     "06_beyond.ipynb",
-    "07_interview_follow_ups.ipynb",
     "solutions/01_the_math_solutions.ipynb",
     "solutions/02_single_device_solutions.ipynb",
     "solutions/03_tokens_and_padding_solutions.ipynb",
-    "solutions/05_ddp_torchrun_solutions.ipynb",
-    "solutions/06_beyond_solutions.ipynb",
-    "solutions/07_interview_follow_ups_solutions.ipynb",
 ]
 
 
