@@ -37,9 +37,7 @@ NOT_YET_EXPECTED: list[str] = [
     "02_single_device.ipynb",
     "03_tokens_and_padding.ipynb",
     "04_emr_case_study.ipynb",
-    "04b_framework_audit.ipynb",
     "05_ddp_torchrun.ipynb",
-    "06_beyond.ipynb",
 ]
 
 
