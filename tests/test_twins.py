@@ -35,9 +35,7 @@ def test_the_notebooks_not_yet_translated_are_named() -> None:
 
 NOT_YET_EXPECTED: list[str] = [
     "02_single_device.ipynb",
-    "03_tokens_and_padding.ipynb",
     "04_emr_case_study.ipynb",
-    "05_ddp_torchrun.ipynb",
 ]
 
 
