@@ -34,8 +34,6 @@ def test_the_notebooks_not_yet_translated_are_named() -> None:
 
 
 NOT_YET_EXPECTED: list[str] = [
-    "02_single_device.ipynb",
-    "04_emr_case_study.ipynb",
 ]
 
 
