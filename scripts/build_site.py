@@ -23,6 +23,13 @@ another notebook or to a solution goes to its page; a link to any other file of 
 ``source/<path>.html``; a link to what is not a file of the repository stops the build.
 Emoji that a browser without an emoji font draws as a box become words (site_pages.EMOJI_TEXT).
 
+The Chinese edition: each notebook or solution that has a twin in ``notebooks/zh/``
+(scripts/build_twins.py) also becomes a page under ``zh/``, and ``README.zh.md`` and
+``docs/zh/*.md`` become ``zh/readme.html`` and ``zh/docs/NAME.html``. Each notebook's page links
+to its twin's and back; the index lists both editions. The pages name CJK fonts in their font
+stack (site_pages.CSS); a machine with none shows boxes (``make doctor`` says which package to
+install).
+
 The widgets are drawn by @jupyter-widgets/html-manager and the formulas typeset by MathJax 3,
 JavaScript that the pages load (site_vendor.py). ``--widgets`` and ``--mathjax`` say from where:
 
@@ -50,7 +57,7 @@ import re
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parent))  # site_pages, site_vendor beside it
@@ -202,6 +209,7 @@ class Page:
     entry: Entry | None  # its row of the README's table; None for a solution
     solutions: str | None = None  # a notebook's: its solutions' page
     exercises: str | None = None  # a solution's: its notebook's page
+    twin: str | None = None  # an English page's: its Chinese twin's page
 
 
 def _html(notebook: str) -> str:
@@ -231,6 +239,58 @@ def _load(notebooks: Path, entries: list[Entry]) -> list[Page]:
     return pages
 
 
+ZH = "zh"  # the Chinese edition's folder, in notebooks/ and in the site
+
+
+def _load_twins(notebooks: Path, pages: list[Page]) -> dict[str, Page]:
+    """{an English page's path: its Chinese twin's Page}, for each twin in notebooks/zh/."""
+    import nbformat
+
+    twins = {}
+    for page in pages:
+        path = notebooks / ZH / page.notebook
+        if not path.is_file():
+            continue
+        node = nbformat.read(path, as_version=4)
+        twins[page.page] = Page(f"{ZH}/{page.notebook}", f"{ZH}/{page.page}",
+                                notebook_title(node, Path(page.notebook).name), node, page.entry,
+                                solutions=page.solutions, exercises=page.exercises)
+    return twins
+
+
+def _exercises_anchor(node: dict) -> str:
+    """The anchor of a notebook's exercises heading ("Exercises", or its translation): the
+    last level-2 heading of the notebook."""
+    headings = [line[3:].strip() for cell in node["cells"] if cell["cell_type"] == "markdown"
+                for line in "".join(cell["source"]).splitlines() if line.startswith("## ")]
+    return re.sub(r"\s", "-", headings[-1]) if headings else "Exercises"
+
+
+def _twin_nav(twin: Page, english: Page, twins: list[Page]) -> str:
+    """The links atop a Chinese twin's page: the index, the English page, the previous and
+    next twins, the solutions (or the exercises)."""
+    root = site_pages.up(twin.page)
+    links = [(root + "index.html", "&#8962; 全部笔记本 / all notebooks"),
+             (root + english.page, "English")]
+    numbered = [page for page in twins if page.entry is not None]
+    if twin.exercises:
+        notebook = next((page for page in twins if page.page == f"{ZH}/{twin.exercises}"), None)
+        if notebook is not None:
+            links.append((f"{root}{notebook.page}#{_exercises_anchor(notebook.node)}",
+                          f"&larr; {html.escape(notebook.title)} 的练习"))
+    if twin in numbered:
+        i = numbered.index(twin)
+        if i > 0:
+            links.append((root + numbered[i - 1].page,
+                          f"&larr; {html.escape(numbered[i - 1].title)}"))
+        if i + 1 < len(numbered):
+            links.append((root + numbered[i + 1].page,
+                          f"{html.escape(numbered[i + 1].title)} &rarr;"))
+    if twin.solutions and (f"{ZH}/{twin.solutions}" in {page.page for page in twins}):
+        links.append((twin.solutions, "练习的参考答案"))
+    return site_pages.nav(links)
+
+
 def _nav(page: Page, notebooks: list[Page]) -> str:
     """The links atop ``page``: the index, the previous and next notebooks and the solutions;
     for a solution, the exercises of its notebook."""
@@ -249,6 +309,8 @@ def _nav(page: Page, notebooks: list[Page]) -> str:
                           f"{html.escape(notebooks[i + 1].title)} &rarr;"))
     if page.solutions:
         links.append((page.solutions, "solutions to the exercises"))
+    if page.twin:
+        links.append((root + page.twin, "中文版"))
     return site_pages.nav(links)
 
 
@@ -295,6 +357,35 @@ def documents(readme: Path, docs: Path) -> list[Document]:
         pages.append(Document(f"{DOCS}/{name}", f"{DOCS}/{name.removesuffix('.md')}.html",
                               site_pages.markdown_title(text, name), text))
     return pages
+
+
+def chinese_documents(repo: Path) -> list[Document]:
+    """The Chinese edition's Markdown pages: README.zh.md, then docs/zh/*.md by name."""
+    readme = repo / "README.zh.md"
+    if not readme.is_file():
+        return []
+    pages = [Document("README.zh.md", f"{ZH}/{README_PAGE}", "README（中文）",
+                      readme.read_text(encoding="utf-8"))]
+    for path in sorted((repo / DOCS / ZH).glob("*.md")):
+        text = path.read_text(encoding="utf-8")
+        pages.append(Document(f"{DOCS}/{ZH}/{path.name}",
+                              f"{ZH}/{DOCS}/{path.name.removesuffix('.md')}.html",
+                              site_pages.markdown_title(text, path.name), text))
+    return pages
+
+
+def _zh_document_nav(document: Document) -> str:
+    root = site_pages.up(document.page)
+    return site_pages.nav([(root + "index.html", "&#8962; 全部笔记本 / all notebooks"),
+                           (root + f"{ZH}/{README_PAGE}", "README（中文）"),
+                           (root + README_PAGE, "README (English)")])
+
+
+def _zh_row(twin: Page, english: Page) -> str:
+    return (f"<tr><td><a href=\"{twin.page}\">{site_pages.inline(twin.title)}</a><br>"
+            f"<span class='note'><code>notebooks/{html.escape(twin.notebook)}</code></span></td>"
+            f"<td>English: <a href=\"{english.page}\">{site_pages.inline(english.title)}</a>"
+            "</td></tr>")
 
 
 def _document_node(document: Document):  # noqa: ANN202 - nbformat's NotebookNode
@@ -366,10 +457,18 @@ def build(out: Path, notebooks: Path = ROOT / "notebooks", readme: Path = ROOT /
         return path
 
     pages = _load(notebooks, entries)
+    twins = _load_twins(notebooks, pages)
+    twin_of = {page.page: twins[page.page] for page in pages if page.page in twins}
+    pages = [replace(page, twin=twin_of[page.page].page if page.page in twin_of else None)
+             for page in pages]
+    english_of = {twin.page: page for page in pages for twin in [twin_of.get(page.page)] if twin}
+    twin_pages = list(twin_of.values())
+    zh_documents = chinese_documents(readme.parent)
     numbered = [page for page in pages if page.entry is not None]
     links = site_pages.Links(repo, {
-        **{f"notebooks/{page.notebook}": page.page for page in pages},
-        **{document.source: document.page for document in markdown_pages}}, pending)
+        **{f"notebooks/{page.notebook}": page.page for page in pages + twin_pages},
+        **{document.source: document.page for document in markdown_pages + zh_documents}},
+        pending)
     exporters = {}
     written = []
     for page in pages:
@@ -384,7 +483,20 @@ def build(out: Path, notebooks: Path = ROOT / "notebooks", readme: Path = ROOT /
         body = body.replace("<main>", "<main>\n" + _nav(page, numbered)
                             + site_pages.contents(body), 1)
         written.append(write(page.page, body))
-    for document in markdown_pages:
+    for twin in twin_pages:
+        root = site_pages.up(twin.page)
+        if root not in exporters:
+            exporters[root] = site_pages.exporter(widgets_url and root + widgets_url)
+        body, _ = exporters[root].from_notebook_node(twin.node, resources={
+            "metadata": {"name": twin.title, "path": str(notebooks / ZH)},
+            "site_mathjax": site_pages.mathjax_head(mathjax_url(root)),
+            "site_css": site_pages.CSS})
+        body = links.rewrite(body, posixpath.dirname(f"notebooks/{twin.notebook}"), twin.page)
+        body = body.replace("<main>", "<main>\n" + _twin_nav(twin, english_of[twin.page],
+                                                              twin_pages)
+                            + site_pages.contents(body), 1)
+        written.append(write(twin.page, site_pages.chinese(body)))
+    for document in markdown_pages + zh_documents:
         root = site_pages.up(document.page)
         if root not in exporters:
             exporters[root] = site_pages.exporter(widgets_url and root + widgets_url)
@@ -394,16 +506,21 @@ def build(out: Path, notebooks: Path = ROOT / "notebooks", readme: Path = ROOT /
             "site_css": site_pages.CSS})
         body = site_pages.github_ids(body)
         body = links.rewrite(body, posixpath.dirname(document.source), document.page)
-        body = body.replace("<main>", "<main>\n" + _document_nav(document, markdown_pages)
-                            + site_pages.contents(body), 1)
-        written.append(write(document.page, body))
+        document_nav = (_document_nav(document, markdown_pages) if document in markdown_pages
+                         else _zh_document_nav(document))
+        body = body.replace("<main>", "<main>\n" + document_nav + site_pages.contents(body), 1)
+        written.append(write(document.page, body if document in markdown_pages
+                             else site_pages.chinese(body)))
     rows = [_index_row(page, links) for page in numbered]
     doc_rows = [_document_row(document, links) for document in markdown_pages]
+    zh_rows = [_zh_row(twin, english_of[twin.page]) for twin in twin_pages
+               if twin.entry is not None] + [_document_row(document, links)
+                                             for document in zh_documents]
     for path, named_from in sorted(links.unlinked.items()):
         print(f"warning: {path} is not written yet: named as text, unlinked, in "
               f"{', '.join(dict.fromkeys(named_from))}", flush=True)
-    titles = {page.page: page.title for page in pages} | {
-        document.page: document.title for document in markdown_pages} | {
+    titles = {page.page: page.title for page in pages + twin_pages} | {
+        document.page: document.title for document in markdown_pages + zh_documents} | {
         "index.html": "the index"}
     for repo_path, linked_from in links.sources.items():
         try:
@@ -417,13 +534,18 @@ def build(out: Path, notebooks: Path = ROOT / "notebooks", readme: Path = ROOT /
                          if line.startswith("# ")), "gradaccum")
     index = write("index.html", site_pages.index_page(
         readme_title, table.time_header, rows, mathjax_url(""),
-        [widget_note, f"formulas typeset by {mathjax_note}"], doc_rows))
+        [widget_note, f"formulas typeset by {mathjax_note}"], doc_rows, zh_rows))
     (out / "pages.json").write_text(json.dumps([{
         "notebook": page.notebook, "page": page.page, "title": page.title,
         "widgets": has_widgets(page.node), "run_time": page.entry and page.entry.run_time,
-        "solutions": page.solutions} for page in pages] + [{
+        "solutions": page.solutions, "twin": page.twin} for page in pages] + [{
+        "notebook": twin.notebook, "page": twin.page, "title": twin.title,
+        "widgets": has_widgets(twin.node), "run_time": twin.entry and twin.entry.run_time,
+        "solutions": twin.solutions, "english": english_of[twin.page].page}
+        for twin in twin_pages] + [{
         "markdown": document.source, "page": document.page, "title": document.title,
-        "widgets": False} for document in markdown_pages], indent=1, ensure_ascii=False)
+        "widgets": False} for document in markdown_pages + zh_documents], indent=1,
+        ensure_ascii=False)
         + "\n", encoding="utf-8")
     print(widget_note, flush=True)
     print(f"formulas: {mathjax_note}", flush=True)

@@ -15,8 +15,9 @@ id and a hash of its English source::
     译文 ...
 
 A twin is the English notebook with each markdown cell replaced by its translation. Its code
-cells, their outputs and the widget state are the English ones, so the twin needs no execution
-of its own (CI runs the English notebook). Links are rewritten for the twin's folder: a link to
+cells, their outputs and the widget state are the English ones (links in Markdown and HTML
+outputs rewritten for the twin's folder), so the twin needs no execution of its own (CI runs
+the English notebook). Links are rewritten for the twin's folder: a link to
 a notebook points at that notebook's twin, its anchor at the translated heading (Jupyter's
 anchors are the heading's text), and any other relative link at the same file as before. The
 first cell ends with a link to the English notebook.
@@ -129,8 +130,10 @@ def problems(notebook_path: Path) -> list[str]:
 
 
 def anchor(heading: str) -> str:
-    """Return Jupyter's anchor of a heading: its text, spaces replaced by '-'."""
-    return re.sub(r"\s", "-", heading.strip())
+    """Return JupyterLab's anchor of a heading: its rendered text (no code ticks, no bold
+    marks), spaces replaced by '-'."""
+    text = re.sub(r"`([^`]*)`", r"\1", heading.strip())
+    return re.sub(r"\s", "-", re.sub(r"\*\*|__", "", text))
 
 
 def _headings(text: str) -> list[str]:
@@ -192,6 +195,21 @@ class Linker:
         return LINK.sub(one, text)
 
 
+LINKED_OUTPUTS = ("text/markdown", "text/html")  # outputs whose links a browser follows
+
+
+def rewrite_output_links(cell: dict, notebook: PurePosixPath, linker: Linker) -> None:
+    """Rewrite, in place, the links of a code cell's Markdown and HTML outputs for the twin's
+    folder (a relative link printed by the English notebook would point nowhere from
+    notebooks/zh/); the outputs are otherwise the English ones."""
+    for output in cell.get("outputs", []):
+        for key in LINKED_OUTPUTS:
+            if key in output.get("data", {}):
+                text = output["data"][key]
+                joined = "".join(text) if isinstance(text, list) else text
+                output["data"][key] = linker.rewrite(joined, notebook)
+
+
 def english_link(notebook: PurePosixPath) -> str:
     """Return the line a twin's first cell ends with: a link to the English notebook."""
     back = os.path.relpath(str(PurePosixPath("notebooks") / notebook),
@@ -210,6 +228,8 @@ def build_twin(notebook_path: Path, linker: Linker | None = None) -> dict:
     entries = read_translation(translation_path(notebook_path))
     twin = copy.deepcopy(notebook)
     for index, cell in enumerate(twin["cells"]):
+        if cell["cell_type"] == "code":
+            rewrite_output_links(cell, name, linker)
         if cell["cell_type"] != "markdown":
             continue
         text = linker.rewrite(entries[cell["id"]].text, name)

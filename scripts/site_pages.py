@@ -62,6 +62,11 @@ TEMPLATE_SOURCE = """{%- extends 'index.html.j2' -%}
 {%- endblock html_head_js_mathjax -%}
 """
 
+#: CJK fonts named in the pages' font stacks, after the system's: a machine with none of them
+#: and no other CJK font shows boxes for Chinese (make doctor names the package to install)
+CJK_FONTS = ('"Noto Sans CJK SC", "Noto Sans SC", "Source Han Sans SC", "PingFang SC", '
+             '"Microsoft YaHei", "WenQuanYi Micro Hei"')
+
 CSS = """
 nav.gradaccum-nav { font: 14px/1.6 system-ui, sans-serif; padding: 8px 16px;
   margin-bottom: 8px; border-bottom: 1px solid #ddd; display: flex; flex-wrap: wrap;
@@ -72,7 +77,13 @@ nav.gradaccum-toc summary { font-weight: 600; cursor: pointer; }
 nav.gradaccum-toc ul { list-style: none; margin: 4px 0 0; padding: 0; columns: 2 28em; }
 nav.gradaccum-toc li { break-inside: avoid; }
 nav.gradaccum-toc li.level-3 { padding-left: 1.5em; }
+:lang(zh-CN) { font-family: system-ui, """ + CJK_FONTS + """, sans-serif; }
 """
+
+
+def chinese(page: str) -> str:
+    """A page of the Chinese edition: marked ``lang="zh-CN"`` (its font stack names CJK fonts)."""
+    return re.sub(r"<html(\s[^>]*)?>", '<html lang="zh-CN">', page, count=1)
 
 
 def exporter(widgets_url: str | None):  # noqa: ANN201 - nbconvert's HTMLExporter
@@ -285,14 +296,25 @@ pre {{ font: 13px/1.45 ui-monospace, monospace; background: #f6f6f6; padding: 12
 
 
 def index_page(title: str, time_header: str, rows: list[str], mathjax_url: str,
-               notes: list[str], doc_rows: list[str] = ()) -> str:
+               notes: list[str], doc_rows: list[str] = (), zh_rows: list[str] = ()) -> str:
     """The index: ``rows`` are the notebook table's ``<tr>`` rows, ``doc_rows`` the README's
-    and the documentation pages' rows, ``notes`` what the build used."""
+    and the documentation pages' rows, ``zh_rows`` the Chinese edition's, ``notes`` what the
+    build used."""
     docs = "" if not doc_rows else f"""<h2 id="documentation">The README and the documentation</h2>
 <table id="docs">
 <thead><tr><th>page</th><th>what it is for</th></tr></thead>
 <tbody>
 {chr(10).join(doc_rows)}
+</tbody>
+</table>
+"""
+    if zh_rows:
+        docs += f"""<h2 id="zh" lang="zh-CN">中文版</h2>
+<p lang="zh-CN">每个笔记本的中文版：代码与输出和英文版相同，Markdown 是译文。</p>
+<table id="zh-notebooks" lang="zh-CN">
+<thead><tr><th>笔记本 / 页面</th><th>英文版</th></tr></thead>
+<tbody>
+{chr(10).join(zh_rows)}
 </tbody>
 </table>
 """
@@ -304,7 +326,7 @@ def index_page(title: str, time_header: str, rows: list[str], mathjax_url: str,
 <title>{html.escape(title)}</title>
 {mathjax_head(mathjax_url)}
 <style>
-body {{ font: 16px/1.5 system-ui, sans-serif; max-width: 1100px; margin: 2em auto;
+body {{ font: 16px/1.5 system-ui, {CJK_FONTS}, sans-serif; max-width: 1100px; margin: 2em auto;
        padding: 0 1em; color: #222; }}
 table {{ border-collapse: collapse; }}
 th, td {{ border-top: 1px solid #ddd; padding: 8px; vertical-align: top; text-align: left; }}

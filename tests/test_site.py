@@ -32,17 +32,19 @@ def site(tmp_path_factory):
     # a read-only snapshot of the notebooks and README: building must not write them, and
     # edits made meanwhile cannot mix two versions
     source = tmp_path_factory.mktemp("source")
-    (source / "notebooks" / "solutions").mkdir(parents=True)
-    for folder in ("notebooks", "notebooks/solutions"):
+    for folder in ("notebooks", "notebooks/solutions", "notebooks/zh", "notebooks/zh/solutions"):
+        (source / folder).mkdir(parents=True)
         for path in (ROOT / folder).glob("*.ipynb"):
             shutil.copy(path, source / folder / path.name)
             (source / folder / path.name).chmod(0o444)
-    shutil.copy(ROOT / "README.md", source / "README.md")
-    (source / "README.md").chmod(0o444)
-    (source / "docs").mkdir()
-    for path in (ROOT / "docs").glob("*.md"):
-        shutil.copy(path, source / "docs" / path.name)
-        (source / "docs" / path.name).chmod(0o444)
+    for name in ("README.md", "README.zh.md"):
+        shutil.copy(ROOT / name, source / name)
+        (source / name).chmod(0o444)
+    for folder in ("docs", "docs/zh"):
+        (source / folder).mkdir()
+        for path in (ROOT / folder).glob("*.md"):
+            shutil.copy(path, source / folder / path.name)
+            (source / folder / path.name).chmod(0o444)
     vendor = tmp_path_factory.mktemp("vendor")
     (vendor / "embed-amd.js").write_text("/* stand-in */")
     (vendor / "require.js").write_text("/* stand-in */")
@@ -68,7 +70,8 @@ def test_index_links_every_notebook_in_the_readme_order(site):
     present = {path.name for path in (source / "notebooks").glob("*.ipynb")}
     listed = [entry.notebook for entry in table.entries if entry.notebook in present]
     assert [name for name in order if name in listed] == listed  # the README's order
-    links = re.findall(r'<a href="(\d\d[a-z]?_[a-z0-9_]+\.html)">', index)
+    notebooks_table = index.split('<table id="notebooks">')[1].split("</table>")[0]
+    links = re.findall(r'<a href="(\d\d[a-z]?_[a-z0-9_]+\.html)">', notebooks_table)
     assert links == [name.removesuffix(".ipynb") + ".html" for name in order]
     assert [page.name for page in pages[:1 + len(links)]] == ["index.html", *links]
     for link in links:
@@ -246,11 +249,40 @@ def test_solutions_are_pages_linked_from_their_notebooks(site):
         assert link in (out / notebook).read_text(), notebook
         assert link in (out / "index.html").read_text(), notebook
         assert f'href="../{notebook}#Exercises"' in page.read_text(), page.name
+        twin = (f"zh/solutions/{page.name}"
+                if (source / "notebooks" / "zh" / "solutions" / path.name).exists() else None)
         assert {"notebook": f"solutions/{path.name}", "page": f"solutions/{page.name}",
                 "title": title, "widgets": False, "run_time": None,
-                "solutions": None} in listing
+                "solutions": None, "twin": twin} in listing
     for page in html_files(out):  # no link to a notebook file is left
         assert not re.search(r'href="[^"]*\.ipynb', page.read_text()), page
+
+
+def test_the_chinese_edition_is_published_and_each_page_links_its_twin(site):
+    out, _, source = site
+    listing = json.loads((out / "pages.json").read_text())
+    twins = sorted((source / "notebooks" / "zh").glob("*.ipynb")) + sorted(
+        (source / "notebooks" / "zh" / "solutions").glob("*.ipynb"))
+    assert twins
+    english_pages = {entry["page"]: entry for entry in listing if "twin" in entry}
+    for path in twins:
+        relative = path.relative_to(source / "notebooks" / "zh").as_posix()
+        page = relative.replace(".ipynb", ".html")
+        twin_page = out / "zh" / page
+        text = twin_page.read_text()
+        assert text.startswith("<!DOCTYPE html>") and '<html lang="zh-CN">' in text, page
+        up = "../" * (page.count("/") + 1)
+        assert f'href="{up}{page}">English</a>' in text, page  # the twin links the English page
+        assert english_pages[page]["twin"] == f"zh/{page}"  # and the English page links it
+        assert f'href="{"../" * page.count("/")}zh/{page}">中文版</a>' in (out / page).read_text()
+        if "/" not in page:
+            assert f'href="zh/{page}"' in (out / "index.html").read_text(), page
+    index = (out / "index.html").read_text()
+    assert '<h2 id="zh" lang="zh-CN">中文版</h2>' in index and 'href="zh/readme.html"' in index
+    readme = (out / "zh" / "readme.html").read_text()
+    assert '<html lang="zh-CN">' in readme and "两条命令" in readme
+    assert "Noto Sans CJK SC" in readme  # a CJK font named in the font stack
+    assert (out / "zh" / "docs" / "glossary.html").exists()
 
 
 def test_links_to_files_outside_the_notebooks_go_to_copies_in_the_site(site):
