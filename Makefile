@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml
 # written), so that JupyterLab draws their stored widgets before anything runs. The profile is
 # the committed outputs' (`ci`) unless GRADACCUM_PROFILE says otherwise.
 lab: $(STAMP) $(LAB_OVERRIDES)
-	@$(VENV)/bin/jupyter trust notebooks/*.ipynb
+	@$(VENV)/bin/jupyter trust notebooks/*.ipynb notebooks/zh/*.ipynb
 	@profile="$${GRADACCUM_PROFILE:-ci}"; echo "make lab: GRADACCUM_PROFILE=$$profile" \
 		"(ci = the committed outputs' sizes; GRADACCUM_PROFILE=cpu|gpu make lab for others)"
 	GRADACCUM_PROFILE="$${GRADACCUM_PROFILE:-ci}" $(VENV)/bin/jupyter lab \

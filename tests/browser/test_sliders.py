@@ -47,6 +47,8 @@ CASES = [
     ("05_ddp_torchrun.ipynb", "accumulation steps k", "2", True),
     ("06_beyond.ipynb", "effective batch", None, False),
 ]
+# the Chinese twin of 02 (notebooks/zh/): its stored sliders must render on open too
+OPENED = [*CASES, ("zh/02_single_device.ipynb", "accumulation steps k", "8", True)]
 # Moving a slider needs a live kernel, so its notebook is run whole first. 04 and 05 take
 # minutes (their training and torchrun runs), so by default only 02 and 06 are run and moved:
 # the same front-end code draws every explorer, and tests/test_widgets_and_figures.py moves
@@ -66,13 +68,17 @@ def lab(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("lab")
     for notebook in (ROOT / "notebooks").glob("*.ipynb"):
         shutil.copy(notebook, workdir)  # the committed notebooks are never written
+    (workdir / "zh").mkdir()
+    for notebook in (ROOT / "notebooks" / "zh").glob("*.ipynb"):  # the Chinese twins
+        shutil.copy(notebook, workdir / "zh")
     # as `make lab` does, trust the notebooks first, so that JupyterLab draws their stored
     # widgets on open; the signatures go to a data folder of this test's own
     data_dir = tmp_path_factory.mktemp("jupyter-data")
     env = {**os.environ, "GRADACCUM_PROFILE": "ci", "OMP_NUM_THREADS": "1",
            "JUPYTER_DATA_DIR": str(data_dir)}
     subprocess.run([str(Path(sys.executable).parent / "jupyter"), "trust",
-                    *sorted(str(p) for p in workdir.glob("*.ipynb"))],
+                    *sorted(str(p) for p in [*workdir.glob("*.ipynb"),
+                                             *workdir.glob("zh/*.ipynb")])],
                    env=env, check=True, capture_output=True)
     settings = tmp_path_factory.mktemp("lab-settings")
     # every cell stays in the page (no windowing), and no news pop-up
@@ -282,8 +288,8 @@ def _stored_widget_label(path: Path, description: str) -> str:
     raise AssertionError(f"{path.name} stores no widget with a slider {description!r}")
 
 
-@pytest.mark.parametrize(("notebook", "description", "typed", "has_figure"), CASES,
-                         ids=[case[0] for case in CASES])
+@pytest.mark.parametrize(("notebook", "description", "typed", "has_figure"), OPENED,
+                         ids=[case[0] for case in OPENED])
 def test_stored_slider_renders_on_open_before_any_cell_runs(browser, lab, notebook, description,
                                                             typed, has_figure):
     """A reader who opens a notebook sees its sliders drawn from the stored widget state,
@@ -319,7 +325,7 @@ def test_stored_slider_renders_on_open_before_any_cell_runs(browser, lab, notebo
         assert track["width"] >= 300, f"{notebook}: the slider's track is {track['width']} px"
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         slider.scroll_into_view_if_needed()
-        page.screenshot(path=str(SCREENSHOTS / f"{Path(notebook).stem}-on-open.png"))
+        page.screenshot(path=str(SCREENSHOTS / f"{notebook.replace('/', '-')[:-6]}-on-open.png"))
     finally:
         page.close()
 
