@@ -48,9 +48,30 @@ LINK = re.compile(r"(\]\()([^)\s]+)(\))")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*$", re.M)
 
 
+#: the run-time sentence that scripts/execute_notebooks.py rewrites in a notebook's first cell,
+#: and the Chinese one a translation states it in ("约 N s"): a new run time is copied into the
+#: twin, it does not make the translation stale
+RUN_TIME = re.compile(r"(Run time on \d+ CPU cores? \(`ci` profile\): about )(\d+)( s\.)")
+RUN_TIME_ZH = re.compile(r"(约\s*(?:需\s*)?)(\d+)(\s*s)")
+
+
 def source_hash(source: str) -> str:
-    """Return the hash a translation records of its English cell's source."""
-    return hashlib.sha256(source.encode("utf-8")).hexdigest()[:12]
+    """Return the hash a translation records of its English cell's source (its run time,
+    which every execution rewrites, left out)."""
+    normalised = RUN_TIME.sub(r"\1N\3", source)
+    return hashlib.sha256(normalised.encode("utf-8")).hexdigest()[:12]
+
+
+def with_run_time(translation: str, english: str, where: str) -> str:
+    """Return the translated first cell with the English cell's current run time."""
+    english_time = RUN_TIME.search(english)
+    if english_time is None:
+        return translation
+    if len(RUN_TIME_ZH.findall(translation)) != 1:
+        raise ValueError(f"{where}: the translation must state the run time once, as "
+                         "'约 N s' (the English says it once)")
+    return RUN_TIME_ZH.sub(lambda m: f"{m.group(1)}{english_time.group(2)}{m.group(3)}",
+                           translation)
 
 
 def english_notebooks() -> list[Path]:
@@ -234,6 +255,7 @@ def build_twin(notebook_path: Path, linker: Linker | None = None) -> dict:
             continue
         text = linker.rewrite(entries[cell["id"]].text, name)
         if index == 0:
+            text = with_run_time(text, _source(notebook["cells"][0]), f"{name}: the first cell")
             text += english_link(name)
         lines = text.split("\n")
         cell["source"] = [line + "\n" for line in lines[:-1]] + [lines[-1]]
