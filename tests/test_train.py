@@ -332,6 +332,8 @@ def _documented_command(marker: str) -> tuple[dict[str, str], list[str]]:
 def test_the_documented_two_process_command_learns(tmp_path, started):
     env, argv = _documented_command("# 2. one node, N processes")
     assert env == {"GRADACCUM_PROFILE": "ci"}  # the command names its profile
+    page = (Path(__file__).resolve().parent.parent / "docs" / "training.md").read_text()
+    assert "asserts macro-F1 ≥ 0.6 at the end" in page  # the floor below, as the page states it
     argv = [arg.replace("build/emr-2", str(tmp_path)) for arg in argv]
     process = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *argv],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -341,6 +343,7 @@ def test_the_documented_two_process_command_learns(tmp_path, started):
     code, out, err = _finish(process, timeout=400)
     assert code == 0, err[-3000:]
     epochs = json.loads((tmp_path / "log.json").read_text())["epochs"]
-    # measured on 2 cores: 0.84 after the 8 epochs (0.61 after epoch 2); a floor, not the value
+    # docs/training.md: 0.68-0.85 after the 8 epochs over seeds 0-2 (seed 0, run here: 0.85 on
+    # the 2-core AMD EPYC), so a floor below all of them, not the value
     assert epochs[-1]["macro_f1"] >= 0.6, epochs
     assert "8 epochs, 504 optimizer steps, effective batch 32" in out  # the closing summary
