@@ -69,6 +69,8 @@ CASES = {
     "06.2": (3, 2, {}),
     "07.1": (7, 4, {}),  # 11 % 4 left over + 4
     "07.2": (96, 375, {}),  # ceil(125 / 4) x 3 epochs, not the micro-batches
+    "08.1": (0.25, 1.0, {}),  # scale_grads divides the first window's gradient again
+    "08.2": (1.0, 1.5, {}),  # the window's shares and probabilities, not a micro-batch's loss
 }
 
 

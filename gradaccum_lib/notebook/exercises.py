@@ -43,10 +43,12 @@ from .training_checkers import (
     allreduce_bytes,
     engine_steps,
     leftover_micro_batches,
+    pipeline_steps_ratio,
     schedule_length,
     sqrt_learning_rate,
     steps_per_epoch,
     trainer_factor,
+    window_load_balancing_loss,
 )
 
 # BERT_BASE_CHINESE and GIB: the notebooks' exercise cells import them from here
@@ -117,6 +119,14 @@ EXERCISES: dict[str, Exercise] = {
     "07.2": Exercise("the length of a learning-rate schedule",
                      "a number: the optimizer steps of 3 epochs of 1,000 samples in "
                      "micro-batches of 8 with k = 4, partial windows stepped", schedule_length),
+    "08.1": Exercise("two pipeline schedule steps without zeroing",
+                     "a number: a / b, where a g1 + b g2 is the gradient after two GPipe steps "
+                     "of 4 micro-batches (mean losses, scale_grads=True) with no zero_grad "
+                     "between them", pipeline_steps_ratio),
+    "08.2": Exercise("the load-balancing loss of a window",
+                     "a number: the window's load-balancing loss 2 sum_e f_e P_e from the "
+                     "window's token shares and mean probabilities, over both micro-batches",
+                     window_load_balancing_loss),
 }
 
 

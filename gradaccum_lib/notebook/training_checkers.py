@@ -1,6 +1,7 @@
-"""The exercises' checkers of notebooks 04b-07: they run the audited frameworks, a real
-``DistributedSampler`` and DDP, and the engine (see :mod:`gradaccum_lib.notebook.checkers` for
-the contract: compute the truth, return what was checked, or raise ``WrongAnswer``)."""
+"""The exercises' checkers of notebooks 04b-08: they run the audited frameworks, a real
+``DistributedSampler``, DDP, a pipeline schedule and the engine (see
+:mod:`gradaccum_lib.notebook.checkers` for the contract: compute the truth, return what was
+checked, or raise ``WrongAnswer``)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from .checkers import _number, _require
 
 __all__ = [
     "accelerate_partial_window", "allreduce_bytes", "engine_steps", "leftover_micro_batches",
-    "schedule_length", "sqrt_learning_rate", "steps_per_epoch", "trainer_factor",
+    "pipeline_steps_ratio", "schedule_length", "sqrt_learning_rate", "steps_per_epoch",
+    "trainer_factor", "window_load_balancing_loss",
 ]
 
 
@@ -166,3 +168,66 @@ def schedule_length(answer: object) -> str:
              "of one epoch (its partial one steps too), then multiply by the epochs")
     return (f"3 epochs of {math.ceil(1000 / 8)} micro-batches with k = 4: {steps} optimizer "
             f"steps, so a schedule {steps} steps long")
+
+
+# ---- 08: the interviewer's follow-ups, 2026 -----------------------------------------------
+
+def _two_schedule_steps() -> tuple[float, float]:
+    """(a, b) with a g1 + b g2 the gradient after two GPipe steps of 4 micro-batches (mean
+    losses, scale_grads=True) without zeroing in between; g1, g2: each step's gradient alone.
+    One stage on a one-process gloo group."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    model = make_mlp(6, 8, 3, seed=0)
+    inputs = torch.randn(16, 6, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    labels = torch.arange(16) % 3
+
+    def schedule_step(window: slice) -> None:
+        stage = PipelineStage(model, 0, 1, torch.device("cpu"))
+        ScheduleGPipe(stage, n_microbatches=4, loss_fn=nn.functional.cross_entropy).step(
+            inputs[window], target=labels[window])
+
+    gradients = []
+    with tempfile.TemporaryDirectory() as folder:
+        store = dist.FileStore(os.path.join(folder, "store"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        try:
+            for windows in ([slice(0, 8)], [slice(8, 16)], [slice(0, 8), slice(8, 16)]):
+                model.zero_grad()
+                for window in windows:
+                    schedule_step(window)
+                gradients.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        finally:
+            dist.destroy_process_group()
+    first, second, both = gradients
+    a, b = torch.linalg.lstsq(torch.stack([first, second], dim=1),
+                              both[:, None]).solution[:, 0].tolist()
+    return a, b
+
+
+def pipeline_steps_ratio(answer: object) -> str:
+    a, b = _two_schedule_steps()
+    _require(abs(_number(answer, "answer (a / b)") - a / b) <= 1e-3,
+             f"{answer} is not a / b; ask what scale_grads divides at the end of each step: "
+             "only what that step added, or everything in .grad?")
+    return (f"after two schedule steps the gradient is {a:.3f} g1 + {b:.3f} g2: a / b = "
+            f"{a / b:.3f}, the first window divided by 4 twice")
+
+
+def window_load_balancing_loss(answer: object) -> str:
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    probabilities = {"A": [0.75, 0.25], "B": [0.25, 0.75]}  # 4 tokens each, top-1 of 2 experts
+    logits = {name: torch.tensor([p], dtype=torch.float64).log().expand(4, 2)
+              for name, p in probabilities.items()}
+
+    def loss(*names: str) -> float:  # transformers' Qwen3-MoE load-balancing loss
+        return load_balancing_loss_func((torch.cat([logits[name] for name in names]),),
+                                        num_experts=2, top_k=1).item()
+
+    window, each = loss("A", "B"), loss("A")
+    _require(abs(_number(answer, "answer (loss)") - window) <= 1e-6,
+             f"{answer} is not the window's loss ({each:g} is each micro-batch's own); compute "
+             "f and P as means over all 8 tokens of the window, then the loss")
+    return (f"the window routes half its tokens to each expert, with mean probabilities "
+            f"(0.5, 0.5): loss {window:.3f}, where each micro-batch's own is {each:.3f}")
