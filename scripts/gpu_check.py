@@ -26,12 +26,16 @@ README-gpu.md (the README's CUDA section and a `gpu` column for README.md's note
    window's last backward with DDP's default and with ``gradient_as_bucket_view=True``,
    counted and by the CUDA allocator, against the budget model's bucket copy
    (``memory_budget(..., ddp_bucket_copy=True)``);
-7. each notebook's wall time under ``GRADACCUM_PROFILE=gpu``, within what is left of the
+7. ``torch.compile`` with gradient accumulation (pytorch #169545, notebook 08 §3): 4
+   micro-steps into one ``.grad`` as the issue's repro runs them, in the default mode and with
+   ``mode="reduce-overhead"`` (CUDA graphs); whether each ran and, if it did, its gradient
+   against eager's (``compiled_accumulation_checks``; CUDA only);
+8. each notebook's wall time under ``GRADACCUM_PROFILE=gpu``, within what is left of the
    budget (``--budget-seconds``, 480 by default).
 
 Without a CUDA device it exits at once with status 2 and says what to do.
-``--cpu-rehearsal`` runs steps 1-6 on the CPU at tiny sizes, 5 and 6 under gloo (for the tests;
-not GPU numbers). Any check outside its bound makes the exit status 1.
+``--cpu-rehearsal`` runs steps 1-6 on the CPU at tiny sizes, 5 and 6 under gloo, and skips 7
+(for the tests; not GPU numbers). Any check outside its bound makes the exit status 1.
 """
 
 from __future__ import annotations
@@ -242,6 +246,73 @@ def ddp_memory_checks(rehearsal: bool) -> tuple[list[dict], list[str]]:
                                 f"within {tolerance:.0%} of the budget model's {modelled:,}")
         rows.append(row)
     return rows, failures
+
+
+# ----------------------------------------------------------------------------- torch.compile
+
+#: the torch.compile options run with accumulation on CUDA (pytorch #169545): inductor, and
+#: inductor with CUDA graphs
+COMPILE_MODES: dict[str, dict[str, str]] = {
+    "default": {}, "reduce-overhead": {"mode": "reduce-overhead"}}
+#: largest relative difference of a compiled fp32 accumulation to eager's: kernels summing in
+#: another order, not a micro-step lost or counted twice (off by 1/4 or more here)
+COMPILE_TOLERANCE = 1e-5
+
+
+def accumulate_compiled(device: torch.device, compile_options: Mapping[str, object],
+                        accumulation_steps: int = 4) -> dict:
+    """Run pytorch #169545's repro: ``torch.compile(nn.Linear(10, 1), fullgraph=True,
+    **compile_options)``, ``accumulation_steps`` micro-steps into one ``.grad``, each with
+    ``torch.compiler.cudagraph_mark_step_begin()`` before its forward and the outputs cloned.
+    Return ``outcome`` ("ok" or "failed"), ``error`` (the exception's type and first line) and,
+    when it ran, ``relative_difference``: the accumulated gradient's largest difference to
+    eager's over eager's largest entry."""
+    torch.manual_seed(0)
+    eager = torch.nn.Linear(10, 1).to(device)
+    compiled_model = copy.deepcopy(eager)
+    inputs = torch.randn(accumulation_steps, 10, generator=torch.Generator().manual_seed(1))
+    for x in inputs.to(device):  # the truth: eager, the same micro-steps into one .grad
+        eager(x).sum().backward()
+    try:
+        compiled = torch.compile(compiled_model, fullgraph=True, **compile_options)
+        for x in inputs.to(device):
+            torch.compiler.cudagraph_mark_step_begin()
+            x = x.clone().requires_grad_(True)  # as in the issue
+            compiled(x).clone().sum().clone().backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as error:  # noqa: BLE001 - how it fails is the measurement
+        lines = str(error).strip().splitlines()
+        return {"outcome": "failed", "relative_difference": None,
+                "error": f"{type(error).__name__}: {lines[0] if lines else ''}"[:200]}
+    truth = torch.cat([p.grad.flatten() for p in eager.parameters()])
+    measured = torch.cat([p.grad.flatten() for p in compiled_model.parameters()])
+    return {"outcome": "ok", "error": "",
+            "relative_difference": ((measured - truth).abs().max() / truth.abs().max()).item()}
+
+
+def compiled_accumulation_checks(device: torch.device) -> tuple[dict, list[str]]:
+    """On CUDA, :func:`accumulate_compiled` in each of ``COMPILE_MODES``; return the rows and a
+    message per failure: the default mode not running, or a mode that ran with a gradient off
+    eager's by more than ``COMPILE_TOLERANCE``. A ``reduce-overhead`` run that raises is
+    recorded (it is what #169545 reports), not failed. Without CUDA it compiles nothing and
+    returns ``{"skipped": why}``."""
+    if device.type != "cuda":
+        return {"skipped": 'needs CUDA: mode="reduce-overhead" records CUDA graphs'}, []
+    rows, failures = [], []
+    for mode, options in COMPILE_MODES.items():
+        torch.compiler.reset()  # each mode compiles from nothing
+        row = {"mode": mode, **accumulate_compiled(device, options)}
+        rows.append(row)
+        if row["outcome"] == "failed" and mode == "default":
+            failures.append(f"torch.compile (default mode) with accumulation failed: "
+                            f"{row['error']}")
+        elif row["outcome"] == "ok" and not row["relative_difference"] <= COMPILE_TOLERANCE:
+            failures.append(f"torch.compile ({mode}) with accumulation: gradient off eager's "
+                            f"by {row['relative_difference']:.3g} (relative; bound "
+                            f"{COMPILE_TOLERANCE:g})")
+    torch.compiler.reset()
+    return {"rows": rows}, failures
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -484,6 +555,10 @@ def _mib(value: float | None) -> str:
     return "–" if value is None else f"{value / 2**20:,.1f}"
 
 
+def _relative(row: Mapping) -> str:
+    return "–" if row["relative_difference"] is None else f"{row['relative_difference']:.2e}"
+
+
 def _model_table(results: Mapping, key: str, header: str,
                  cells: Callable[[Mapping, Mapping], str]) -> list[str]:
     """A markdown table with a row per entry of ``results["models"][name][key]``, each starting
@@ -552,6 +627,19 @@ def cuda_markdown(results: Mapping) -> str:
                   f"{_mib(row['modelled_copy_bytes'])} | {_mib(row['counted_copy_bytes'])} | "
                   f"{_mib(row['cuda_copy_bytes'])} | {_mib(row['cuda_peak_default_bytes'])} | "
                   f"{_mib(row['cuda_peak_views_bytes'])} |" for row in results["ddp_memory"]]
+    compiled = results.get("compiled_accumulation")
+    if compiled:
+        lines += ["", "**`torch.compile` with gradient accumulation** (pytorch #169545, notebook "
+                  "08 §3): 4 micro-steps into one `.grad` as the issue's repro runs them "
+                  "(`torch.compiler.cudagraph_mark_step_begin()` before each forward, outputs "
+                  "cloned), against eager:", ""]
+        if "skipped" in compiled:
+            lines.append(f"Skipped: {compiled['skipped']}.")
+        else:
+            lines += ["| mode | outcome | gradient off eager's (relative) | error |",
+                      "|---|---|---|---|"]
+            lines += [f"| `{row['mode']}` | {row['outcome']} | {_relative(row)} | "
+                      f"{row['error'].replace('|', '/') or '–'} |" for row in compiled["rows"]]
     lines += ["", "**Library loop against the bare nanoGPT loop and Accelerate** (fp32, AdamW, "
               "one optimizer step):", ""]
     lines += _model_table(
@@ -696,8 +784,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  for row in model["precision"]])
     results["reader_code"], reader_failures = reader_code_checks(reader_world_size(), device)
     results["ddp_memory"], memory_failures = ddp_memory_checks(rehearsal)
-    failures += reader_failures + memory_failures
-    print(f"reader's code and DDP memory in {time.perf_counter() - started:.0f} s", flush=True)
+    results["compiled_accumulation"], compile_failures = compiled_accumulation_checks(device)
+    failures += reader_failures + memory_failures + compile_failures
+    print(f"reader's code, DDP memory and torch.compile in {time.perf_counter() - started:.0f} s",
+          flush=True)
     results["measure_seconds"] = time.perf_counter() - started
     skip = arguments.skip_notebooks or rehearsal
     results["notebooks"] = [] if skip else notebook_times(

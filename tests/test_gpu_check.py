@@ -3,8 +3,9 @@
 (a) without CUDA it stops at once with status 2 and says what to do (the script and the make
 target); (b) its pure parts on synthetic results: tolerance checks, markdown, README-gpu.md;
 (c) its measuring functions on the CPU at tiny sizes (a rehearsal of the whole run: the
-precision paths, the reader's programs under gloo, DDP's bucket copy per k), and the notebook
-timer's ok / failed / stopped / not-run paths on tiny notebooks.
+precision paths, the reader's programs under gloo, DDP's bucket copy per k; torch.compile with
+accumulation, CUDA only, skipped there and run on the CPU with the eager backend), and the
+notebook timer's ok / failed / stopped / not-run paths on tiny notebooks.
 """
 
 from __future__ import annotations
@@ -186,6 +187,25 @@ def test_notebook_column_and_readme_gpu_put_each_block_between_its_markers():
         column)
 
 
+def test_cuda_markdown_renders_the_compiled_accumulation_rows_or_their_skip():
+    results = _synthetic_results()
+    assert "torch.compile` with gradient accumulation" not in gpu_check.cuda_markdown(results)
+    results["compiled_accumulation"] = {"rows": [
+        {"mode": "default", "outcome": "ok", "relative_difference": 3e-8, "error": ""},
+        {"mode": "reduce-overhead", "outcome": "failed", "relative_difference": None,
+         "error": "RuntimeError: Error: accessing tensor output of CUDAGraphs that has been "
+                  "overwritten by a subsequent run. | more"}]}
+    text = gpu_check.cuda_markdown(results)
+    assert "pytorch #169545" in text
+    assert "| `default` | ok | 3.00e-08 | – |" in text
+    assert ("| `reduce-overhead` | failed | – | RuntimeError: Error: accessing tensor output of "
+            "CUDAGraphs that has been overwritten by a subsequent run. / more |") in text
+    results["compiled_accumulation"] = gpu_check.compiled_accumulation_checks(
+        torch.device("cpu"))[0]
+    assert 'Skipped: needs CUDA: mode="reduce-overhead" records CUDA graphs.' in (
+        gpu_check.cuda_markdown(results))
+
+
 def test_make_bench_copies_the_cuda_section_of_readme_gpu(tmp_path):
     bench = gpu_check.benchmarks_run()
     assert (bench.GPU_START, bench.GPU_END) == (gpu_check.GPU_START, gpu_check.GPU_END)
@@ -225,6 +245,8 @@ def test_cpu_rehearsal_measures_every_part_and_writes_the_files(tmp_path, capsys
     assert [row["check"].split(":")[0] for row in reader["checks"]] == [
         "train_window", "train_window_fp16", "mean / k shortcut", "05's plain DDP loop"]
     assert all(row["ok"] for row in reader["checks"])
+    assert results["compiled_accumulation"] == {  # CUDA graphs: not rehearsed on the CPU
+        "skipped": 'needs CUDA: mode="reduce-overhead" records CUDA graphs'}
     assert [row["k"] for row in results["ddp_memory"]] == [1, 2, 4]
     for row in results["ddp_memory"]:  # exactly one more copy of the gradients, every k
         assert row["counted_copy_bytes"] == row["modelled_copy_bytes"] == row["gradient_bytes"]
@@ -233,6 +255,7 @@ def test_cpu_rehearsal_measures_every_part_and_writes_the_files(tmp_path, capsys
     assert "CPU REHEARSAL" in readme and readme in capsys.readouterr().out
     assert "| train_window: largest difference to the large batch's step (float64) |" in readme
     assert "**DDP's bucket copy of the gradients**" in readme
+    assert 'Skipped: needs CUDA: mode="reduce-overhead" records CUDA graphs.' in readme
     assert (tmp_path / "results-gpu.png").read_bytes().startswith(b"\x89PNG")
 
 
@@ -245,6 +268,26 @@ def test_the_engine_step_of_the_audit_reaches_the_fp32_truth_and_counts_no_skips
     assert rows[1]["relative_difference"] < 1e-5 and rows[1]["cosine"] > 0.999999
     with pytest.raises(ValueError, match="precisions must be among"):
         gpu_check.precision_rows("m", make_model(), notes, 2, precisions=("fp8",))
+
+
+def test_compiled_accumulation_compiles_nothing_without_cuda_and_runs_on_the_cpu_eagerly():
+    started = time.monotonic()
+    assert gpu_check.compiled_accumulation_checks(torch.device("cpu")) == (
+        {"skipped": 'needs CUDA: mode="reduce-overhead" records CUDA graphs'}, [])
+    assert time.monotonic() - started < 1  # nothing compiled
+    # the repro itself on the CPU, with Dynamo's eager backend instead of inductor's CUDA graphs
+    torch.compiler.reset()
+    ran = gpu_check.accumulate_compiled(torch.device("cpu"), {"backend": "eager"})
+    assert ran["outcome"] == "ok" and ran["error"] == "" and ran["relative_difference"] <= 1e-6
+
+    def broken_backend(graph_module, example_inputs):  # noqa: ANN001, ANN202, ARG001
+        raise RuntimeError("no compiler here")
+
+    torch.compiler.reset()
+    failed = gpu_check.accumulate_compiled(torch.device("cpu"), {"backend": broken_backend})
+    torch.compiler.reset()
+    assert failed["outcome"] == "failed" and failed["relative_difference"] is None
+    assert failed["error"].startswith("BackendCompilerFailed: ") and "\n" not in failed["error"]
 
 
 def _notebook(folder: Path, name: str, source: str) -> Path:
