@@ -16,7 +16,8 @@ id and a hash of its English source::
 
 A twin is the English notebook with each markdown cell replaced by its translation. Its code
 cells, their outputs and the widget state are the English ones (links in Markdown and HTML
-outputs rewritten for the twin's folder), so the twin needs no execution of its own (CI runs
+outputs rewritten for the twin's folder; an exercise checker's output framed in Chinese, as a
+kernel of the Chinese edition prints it), so the twin needs no execution of its own (CI runs
 the English notebook). Links are rewritten for the twin's folder: a link to
 a notebook points at that notebook's twin, its anchor at the translated heading (Jupyter's
 anchors are the heading's text), and any other relative link at the same file as before. The
@@ -231,6 +232,36 @@ def rewrite_output_links(cell: dict, notebook: PurePosixPath, linker: Linker) ->
                 output["data"][key] = linker.rewrite(joined, notebook)
 
 
+CHECKER_CELL = re.compile(r"^check_exercise\(\"([\w.]+)\"")
+NO_ANSWER = re.compile(r"^Exercise [\w.]+ \(.*\): no answer yet\..*$")
+CORRECT = re.compile(r"^✓ Exercise [\w.]+: correct\. (.*)$")
+
+
+def localize_feedback(cell: dict) -> None:
+    """Give, in place, an exercise checker cell the output a kernel of the Chinese edition
+    prints (gradaccum_lib.notebook.exercises.language() is "zh" there): the framing in
+    Chinese, what the checker computed as it says it."""
+    from gradaccum_lib.notebook import exercises
+
+    found = CHECKER_CELL.match("".join(cell["source"]).strip())
+    if not found:
+        return
+    exercise_id = found.group(1)
+    for output in cell.get("outputs", []):
+        if output.get("output_type") != "stream":
+            continue
+        text = "".join(output["text"]) if isinstance(output["text"], list) else output["text"]
+        lines = []
+        for line in text.split("\n"):
+            correct = CORRECT.match(line)
+            if NO_ANSWER.match(line):
+                line = exercises.no_answer_message(exercise_id, "zh")
+            elif correct:
+                line = exercises.correct_message(exercise_id, correct.group(1), "zh")
+            lines.append(line)
+        output["text"] = "\n".join(lines)
+
+
 def english_link(notebook: PurePosixPath) -> str:
     """Return the line a twin's first cell ends with: a link to the English notebook."""
     back = os.path.relpath(str(PurePosixPath("notebooks") / notebook),
@@ -251,6 +282,7 @@ def build_twin(notebook_path: Path, linker: Linker | None = None) -> dict:
     for index, cell in enumerate(twin["cells"]):
         if cell["cell_type"] == "code":
             rewrite_output_links(cell, name, linker)
+            localize_feedback(cell)
         if cell["cell_type"] != "markdown":
             continue
         text = linker.rewrite(entries[cell["id"]].text, name)

@@ -34,6 +34,8 @@ def test_the_notebooks_not_yet_translated_are_named() -> None:
 
 
 NOT_YET_EXPECTED: list[str] = [
+    "08_follow_ups_2026.ipynb",
+    "solutions/08_follow_ups_2026_solutions.ipynb",
 ]
 
 
@@ -59,6 +61,7 @@ def test_the_twins_code_and_outputs_are_the_english_ones(notebook: Path) -> None
     for ours, theirs in zip(twin["cells"], english["cells"], strict=True):
         if theirs["cell_type"] == "code":  # the same, but for links a browser follows
             twins.rewrite_output_links(theirs, twins.relative(notebook), linker)
+            twins.localize_feedback(theirs)
             assert ours == theirs, f"code cell {theirs['id']} differs from the English one"
     assert twin["metadata"]["kernelspec"] == english["metadata"]["kernelspec"]
     assert twin["metadata"].get("widgets") == english["metadata"].get("widgets")
@@ -162,3 +165,32 @@ def test_a_missing_cell_and_an_orphan_translation_are_named(tmp_path, monkeypatc
     assert twins.problems(english) == ["02_x.ipynb: cell a has no translation",
                                        "02_x.ipynb: the translation of cell gone has no cell "
                                        "in the notebook"]
+
+
+def test_exercise_feedback_follows_the_notebooks_language(monkeypatch, capsys) -> None:
+    from gradaccum_lib.notebook import exercises
+
+    monkeypatch.delenv("GRADACCUM_LANGUAGE", raising=False)
+    monkeypatch.chdir(ROOT / "notebooks")
+    assert exercises.language() == "en"
+    monkeypatch.chdir(ROOT / "notebooks" / "zh" / "solutions")  # a Chinese twin's kernel
+    assert exercises.language() == "zh"
+    exercises.check_exercise("00.2", None)
+    assert capsys.readouterr().out.startswith(
+        "练习 00.2（DDP 下一次优化器更新的样本数）：还没有答案")
+    exercises.check_exercise("00.2", 2048)
+    assert capsys.readouterr().out.startswith("✓ 练习 00.2：正确。")
+    with pytest.raises(exercises.WrongAnswer) as wrong:
+        exercises.check_exercise("00.2", 256)
+    assert str(wrong.value).splitlines()[:2] == [
+        "✗ 练习 00.2（DDP 下一次优化器更新的样本数）：还不对。",
+        "应当给出：一次优化器更新的样本数：微批次 32、k = 8、8 个 DDP 进程。"]
+    monkeypatch.setenv("GRADACCUM_LANGUAGE", "en")
+    assert exercises.language() == "en"
+    # every exercise is framed in Chinese, and a twin's checker cells show the Chinese framing
+    assert set(exercises.TITLES_ZH) == set(exercises.EXERCISES) == set(exercises.EXPECTS_ZH)
+    twin = json.loads((ROOT / "notebooks" / "zh" / "00_the_article.ipynb").read_text())
+    checks = [cell for cell in twin["cells"] if cell["cell_type"] == "code"
+              and "".join(cell["source"]).startswith("check_exercise(")]
+    assert checks and all("".join(cell["outputs"][0]["text"]).startswith("练习 00.")
+                          for cell in checks)

@@ -20,8 +20,10 @@ test``, like the notebooks.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from .checkers import (
     BERT_BASE_CHINESE,
@@ -52,7 +54,9 @@ from .training_checkers import (
 )
 
 # BERT_BASE_CHINESE and GIB: the notebooks' exercise cells import them from here
-__all__ = ["BERT_BASE_CHINESE", "EXERCISES", "GIB", "Exercise", "WrongAnswer", "check_exercise"]
+__all__ = ["BERT_BASE_CHINESE", "EXERCISES", "EXPECTS_ZH", "GIB", "TITLES_ZH", "Exercise",
+           "WrongAnswer",
+           "check_exercise", "correct_message", "language", "no_answer_message", "wrong_message"]
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,103 @@ EXERCISES: dict[str, Exercise] = {
 }
 
 
+#: each exercise's title in the Chinese edition (notebooks/zh/)
+TITLES_ZH: dict[str, str] = {
+    "00.1": "bert-base-chinese 的参数量，以百万计",
+    "00.2": "DDP 下一次优化器更新的样本数",
+    "01.1": "找出更新出错的那个循环",
+    "01.2": "让 token 损失可以分解",
+    "02.1": "16 GiB GPU 上的微批次和 k",
+    "02.2": "从不除以 k 的循环的更新",
+    "03.1": "微批次均值的均值中一个 token 的权重",
+    "03.2": "每个 DDP 进程的除数",
+    "04.1": "8 张 GPU 上 256 个样本所需的 k",
+    "04.2": "k 缩小不了的状态",
+    "04b.1": "Hugging Face Trainer 的更新与真实更新之比",
+    "04b.2": "Accelerate 在最后一个不满的窗口上",
+    "05.1": "一个 epoch 里 DDP 全规约的字节数",
+    "05.2": "DistributedSampler 下每个 epoch 的优化器更新次数",
+    "06.1": "学习率的平方根缩放规则",
+    "06.2": "带不满窗口的 epoch 的优化器更新次数",
+    "07.1": "一个 epoch 第一次更新里的微批次",
+    "07.2": "学习率调度的长度",
+    "08.1": "不清零的两次流水线调度更新",
+    "08.2": "一个窗口的负载均衡损失",
+}
+
+
+#: the answer each exercise expects, in words, in the Chinese edition
+EXPECTS_ZH: dict[str, str] = {
+    "00.1": "带 2 分类任务头的 bert-base-chinese 的参数量，以百万计（误差在一百万以内）",
+    "00.2": "一次优化器更新的样本数：微批次 32、k = 8、8 个 DDP 进程",
+    "01.1": '更新与大批次不同的那个循环的名字，"A" 或 "B"',
+    "01.2": "一个损失函数 (model, batch) -> (求和损失, 真实 token 数)，"
+            "累积起来等于整个批次的 token 均值",
+    "02.1": "一个二元组 (micro_batch, k)：放得下的最大微批次，以及达到 256 个样本的最小 k",
+    "02.2": "一个数：这个循环的更新是大批次更新的多少倍",
+    "03.1": "一个数：短微批次中一个 token 在微批次均值的均值里的权重，"
+            "与它在窗口 token 均值里的权重之比",
+    "03.2": "每个进程用来除自己求和 token 损失的那个数，使 DDP 取平均后正好是窗口的 token 均值",
+    "04.1": "使 每张 GPU 4 个样本 × 8 张 GPU × k >= 256 个样本 成立的最小 k",
+    "04.2": "一个数：带 10 分类任务头的 RoBERTa-wwm-ext-large 在 k = 16 时，"
+            "每张卡上 fp32 权重、梯度和 AdamW 状态共多少 GB（1e9 字节）",
+    "04b.1": "一个数：Trainer 的 SGD 更新是真实更新的多少倍",
+    "04b.2": "一个数：在 k = 4、只有 2 个微批次的窗口上，Accelerate 的 SGD 更新是真实更新的多少倍",
+    "05.1": "一个进程在整个 epoch 里交给全规约的梯度字节数",
+    "05.2": "一个 epoch 的优化器更新次数：50 个样本、2 个进程、微批次 4、k = 2",
+    "06.1": "按平方根规则，从批大小 32 时的 2e-5 推出批大小 256 时的学习率",
+    "06.2": "10 个微批次、k = 4 时的优化器（以及调度器）更新次数",
+    "07.1": "一个数：第二个 epoch 的第一次优化器更新累加了多少个微批次的梯度"
+            "（每个 epoch 11 个微批次，k = 4，从每个 epoch 开头数起）",
+    "07.2": "一个数：1,000 个样本、微批次 8、k = 4，3 个 epoch 的优化器更新次数"
+            "（不满的窗口也更新）",
+    "08.1": "一个数：a / b，其中 a g1 + b g2 是两次各 4 个微批次的 GPipe 更新"
+            "（平均损失，scale_grads=True）之间不清零时的梯度",
+    "08.2": "一个数：由窗口的 token 占比和平均概率算出的、覆盖两个微批次的"
+            "窗口负载均衡损失 2 sum_e f_e P_e",
+}
+
+
+def language() -> str:
+    """Return the language exercise feedback is given in: ``"zh"`` in a kernel started in the
+    Chinese edition (``notebooks/zh/`` or its ``solutions/``), else ``"en"``;
+    ``GRADACCUM_LANGUAGE=en|zh`` overrides."""
+    chosen = os.environ.get("GRADACCUM_LANGUAGE")
+    if chosen in ("en", "zh"):
+        return chosen
+    parts = Path.cwd().parts
+    return "zh" if "notebooks" in parts and "zh" in parts[parts.index("notebooks"):] else "en"
+
+
+def no_answer_message(exercise_id: str, lang: str = "en") -> str:
+    """Return what the checker says when ``answer`` is None."""
+    if lang == "zh":
+        return (f"练习 {exercise_id}（{TITLES_ZH.get(exercise_id, EXERCISES[exercise_id].title)}"
+                "）：还没有答案。在上面的单元格里设置 `answer`，再运行这个单元格；参考答案在 "
+                "notebooks/zh/solutions/。")
+    return (f"Exercise {exercise_id} ({EXERCISES[exercise_id].title}): no answer yet. Set "
+            "`answer` in the cell above and run this cell again; the solution is in "
+            "notebooks/solutions/.")
+
+
+def correct_message(exercise_id: str, checked: str, lang: str = "en") -> str:
+    """Return what the checker prints for a right answer (``checked``: what it checked, as the
+    checker says it)."""
+    if lang == "zh":
+        return f"✓ 练习 {exercise_id}：正确。{checked}"
+    return f"✓ Exercise {exercise_id}: correct. {checked}"
+
+
+def wrong_message(exercise_id: str, hint: str, lang: str = "en") -> str:
+    """Return the three lines of a wrong answer: ✗, the answer expected, the hint."""
+    exercise = EXERCISES[exercise_id]
+    if lang == "zh":
+        return (f"✗ 练习 {exercise_id}（{TITLES_ZH.get(exercise_id, exercise.title)}）：还不对。\n"
+                f"应当给出：{EXPECTS_ZH.get(exercise_id, exercise.expects)}。\n提示：{hint}")
+    return (f"✗ Exercise {exercise_id} ({exercise.title}): not right yet.\n"
+            f"Expected: {exercise.expects}.\nHint: {hint}")
+
+
 def check_exercise(exercise_id: str, answer: object, **context: object) -> None:
     """Grade ``answer`` to exercise ``exercise_id`` (e.g. ``"02.1"``).
 
@@ -137,18 +238,18 @@ def check_exercise(exercise_id: str, answer: object, **context: object) -> None:
     ``✓`` and the true value. Either way it returns None. A wrong answer raises
     :class:`WrongAnswer`: ``✗``, the answer expected in words, and a hint. ``context`` passes
     what an exercise needs from its notebook cell (01.1: ``loops={"A": ..., ...}``; 02.2:
-    ``loop=...``).
+    ``loop=...``). In the Chinese edition the framing is in Chinese (:func:`language`); what a
+    checker computes and says in its own words (the checked value, the hint) stays as it says
+    it.
     """
     if exercise_id not in EXERCISES:
         raise KeyError(f"no exercise {exercise_id!r}; known: {sorted(EXERCISES)}")
-    exercise = EXERCISES[exercise_id]
+    lang = language()
     if answer is None:
-        print(f"Exercise {exercise_id} ({exercise.title}): no answer yet. Set `answer` in the "
-              "cell above and run this cell again; the solution is in notebooks/solutions/.")
+        print(no_answer_message(exercise_id, lang))
         return
     try:
-        checked = exercise.checker(answer, **context)
+        checked = EXERCISES[exercise_id].checker(answer, **context)
     except WrongAnswer as wrong:  # one short message, not a chain of two tracebacks
-        raise WrongAnswer(f"✗ Exercise {exercise_id} ({exercise.title}): not right yet.\n"
-                          f"Expected: {exercise.expects}.\nHint: {wrong}") from None
-    print(f"✓ Exercise {exercise_id}: correct. {checked}")
+        raise WrongAnswer(wrong_message(exercise_id, str(wrong), lang)) from None
+    print(correct_message(exercise_id, checked, lang))
