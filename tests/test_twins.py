@@ -33,10 +33,7 @@ def test_the_notebooks_not_yet_translated_are_named() -> None:
         f"; new and untranslated: {sorted(NOT_YET - set(NOT_YET_EXPECTED))}")
 
 
-NOT_YET_EXPECTED: list[str] = [
-    "08_follow_ups_2026.ipynb",
-    "solutions/08_follow_ups_2026_solutions.ipynb",
-]
+NOT_YET_EXPECTED: list[str] = []
 
 
 @pytest.mark.parametrize("notebook", TRANSLATED, ids=NAMES)
