@@ -241,3 +241,98 @@ def test_in_a_kernel_a_right_answer_prints_a_tick_and_no_out_line(kernel) -> Non
     assert outputs[0]["name"] == "stdout"
     assert outputs[0]["text"] == ("✓ Exercise 04.1: correct. k = 8: 4 per GPU x 8 GPUs x 8 = "
                                   "256 samples per optimizer step\n")
+
+
+# ---- the Chinese edition: the hint in Chinese too ----------------------------------------------
+
+CJK = re.compile(r"[\u4e00-\u9fff]")
+# three English words in a row: a sentence left untranslated (code names such as
+# `accelerator.backward`, micro_batch or `answer` stand alone in a Chinese hint)
+UNTRANSLATED = re.compile(r"\b[A-Za-z]{2,}(?:[ ,;:']+[A-Za-z]{2,}\b){2}")
+NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+# every wrong answer the tests above give, English side: CASES, 02.1's kinds, the refusals
+WRONG_ANSWERS = (
+    [pytest.param(exercise_id, wrong, context, id=exercise_id)
+     for exercise_id, (_, wrong, context) in sorted(CASES.items())]
+    + [pytest.param("02.1", answer, {}, id=f"02.1-{kind}")
+       for kind, (answer, _) in sorted(FIT_A_GPU_HINTS.items())]
+    + [pytest.param("04.1", "eight", {}, id="04.1-not a number"),
+       pytest.param("01.1", "Z", {"loops": LOOPS}, id="01.1-not a loop"),
+       pytest.param("01.2", 3, {}, id="01.2-not a function"),
+       pytest.param("03.2", -1, {}, id="03.2-not positive")])
+
+
+def _wrong_lines(exercise_id: str, answer: object, context: dict) -> list[str]:
+    with pytest.raises(WrongAnswer) as wrong_answer:
+        check_exercise(exercise_id, answer, **context)
+    assert wrong_answer.value.__cause__ is None and wrong_answer.value.__suppress_context__
+    lines = str(wrong_answer.value).splitlines()
+    assert wrong_answer.value._render_traceback_() == lines
+    return lines
+
+
+@pytest.mark.parametrize(("exercise_id", "answer", "context"), WRONG_ANSWERS)
+def test_in_the_chinese_edition_the_hint_is_chinese(exercise_id: str, answer: object,
+                                                    context: dict,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from gradaccum_lib.notebook.exercises import EXPECTS_ZH
+
+    monkeypatch.setenv("GRADACCUM_LANGUAGE", "en")
+    english = _wrong_lines(exercise_id, answer, context)[2].removeprefix("Hint: ")
+    monkeypatch.setenv("GRADACCUM_LANGUAGE", "zh")
+    lines = _wrong_lines(exercise_id, answer, context)
+    assert len(lines) == 3 and lines[0].startswith(f"✗ 练习 {exercise_id}（")
+    assert lines[1] == f"应当给出：{EXPECTS_ZH[exercise_id]}。"
+    assert lines[2].startswith("提示：")
+    hint = lines[2].removeprefix("提示：")
+    assert CJK.search(hint) and not UNTRANSLATED.search(hint), hint
+    # computed from the same values, formatted the same way: the English hint's numbers
+    assert sorted(NUMBER.findall(hint)) == sorted(NUMBER.findall(english)), (hint, english)
+
+
+def test_a_wrong_answer_keeps_its_english_text_and_carries_the_chinese() -> None:
+    import pickle
+
+    error = WrongAnswer("x", zh="y")
+    assert str(error) == "x" and error.zh == "y"
+    assert error._render_traceback_() == ["x"]
+    assert WrongAnswer("x").zh is None
+    assert pickle.loads(pickle.dumps(error)).zh == "y"
+
+
+def test_without_a_chinese_hint_the_chinese_edition_shows_the_english_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gradaccum_lib.notebook.exercises import Exercise
+
+    def english_only(answer: object) -> str:
+        raise WrongAnswer(f"{answer} is not it")
+
+    monkeypatch.setitem(EXERCISES, "04.1", Exercise(EXERCISES["04.1"].title,
+                                                    EXERCISES["04.1"].expects, english_only))
+    monkeypatch.setenv("GRADACCUM_LANGUAGE", "zh")
+    assert _wrong_lines("04.1", 7, {})[2] == "提示：7 is not it"
+
+
+def test_in_a_kernel_of_the_chinese_edition_the_hint_is_chinese_without_a_traceback(
+        kernel) -> None:
+    from gradaccum_lib.notebook.exercises import EXPECTS_ZH, TITLES_ZH
+
+    status, outputs = _execute(kernel, "import os\nfrom gradaccum_lib.notebook.exercises import "
+                                       "check_exercise\n"
+                                       "_language = os.environ.get('GRADACCUM_LANGUAGE')\n"
+                                       "os.environ['GRADACCUM_LANGUAGE'] = 'zh'")
+    assert status == "ok", outputs
+    try:
+        status, outputs = _execute(kernel, 'answer = 32\ncheck_exercise("04.1", answer)')
+    finally:
+        _execute(kernel, "os.environ.pop('GRADACCUM_LANGUAGE')\nif _language is not None:\n"
+                         "    os.environ['GRADACCUM_LANGUAGE'] = _language")
+    assert status == "error"
+    assert [output["type"] for output in outputs] == ["error"], outputs
+    lines = [ANSI.sub("", line) for entry in outputs[0]["traceback"]
+             for line in entry.splitlines()]
+    assert lines == [
+        f"✗ 练习 04.1（{TITLES_ZH['04.1']}）：还不对。",
+        f"应当给出：{EXPECTS_ZH['04.1']}。",
+        "提示：k=32 给出的是 1024 个样本",
+    ]

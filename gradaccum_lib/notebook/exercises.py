@@ -8,7 +8,8 @@ checker cell, ``check_exercise("02.1", answer)``:
   (so a notebook shows no ``Out:`` line);
 * with a wrong one it raises :class:`WrongAnswer` (an ``AssertionError``, so a solution notebook
   fails under nbval), whose message is three lines: ``✗`` and the exercise, what answer was
-  expected in words, and a hint. IPython shows that message alone, without a traceback.
+  expected in words, and a hint. IPython shows that message alone, without a traceback. In the
+  Chinese edition all three are in Chinese.
 
 Every checker (in :mod:`gradaccum_lib.notebook.checkers` and
 :mod:`~gradaccum_lib.notebook.training_checkers`) computes the true answer itself, by
@@ -238,9 +239,9 @@ def check_exercise(exercise_id: str, answer: object, **context: object) -> None:
     ``✓`` and the true value. Either way it returns None. A wrong answer raises
     :class:`WrongAnswer`: ``✗``, the answer expected in words, and a hint. ``context`` passes
     what an exercise needs from its notebook cell (01.1: ``loops={"A": ..., ...}``; 02.2:
-    ``loop=...``). In the Chinese edition the framing is in Chinese (:func:`language`); what a
-    checker computes and says in its own words (the checked value, the hint) stays as it says
-    it.
+    ``loop=...``). In the Chinese edition (:func:`language`) the framing is in Chinese, and so
+    is the hint (the checker's ``WrongAnswer.zh``; its English one where it gives none); what a
+    checker says it checked, the true value included, stays as it says it.
     """
     if exercise_id not in EXERCISES:
         raise KeyError(f"no exercise {exercise_id!r}; known: {sorted(EXERCISES)}")
@@ -251,5 +252,6 @@ def check_exercise(exercise_id: str, answer: object, **context: object) -> None:
     try:
         checked = EXERCISES[exercise_id].checker(answer, **context)
     except WrongAnswer as wrong:  # one short message, not a chain of two tracebacks
-        raise WrongAnswer(wrong_message(exercise_id, str(wrong), lang)) from None
+        hint = wrong.zh if lang == "zh" and wrong.zh else str(wrong)
+        raise WrongAnswer(wrong_message(exercise_id, hint, lang)) from None
     print(correct_message(exercise_id, checked, lang))

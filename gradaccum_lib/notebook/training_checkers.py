@@ -1,7 +1,7 @@
 """The exercises' checkers of notebooks 04b-08: they run the audited frameworks, a real
 ``DistributedSampler``, DDP, a pipeline schedule and the engine (see
 :mod:`gradaccum_lib.notebook.checkers` for the contract: compute the truth, return what was
-checked, or raise ``WrongAnswer``)."""
+checked, or raise ``WrongAnswer`` with a hint in English and in Chinese)."""
 
 from __future__ import annotations
 
@@ -47,9 +47,10 @@ def trainer_factor(answer: object) -> str:
     model, micro_batches = _tiny_bert_window(4)
     result = audit_update(hf_trainer_step(4), model, bert_classification_loss, micro_batches,
                           lambda parameters: torch.optim.SGD(parameters, lr=0.1))
-    _require(abs(_number(answer, "answer (ratio)") - result.norm_ratio) <= 1e-3,
+    _require(abs(_number(answer, "answer (ratio)", "answer（比值）") - result.norm_ratio) <= 1e-3,
              f"{answer} is not the measured ratio; section 1 of notebook 04b audits the "
-             "🤗 Trainer against the ground truth")
+             "🤗 Trainer against the ground truth",
+             zh=f"{answer} 不是测得的比值；笔记本 04b 第 1 节用基准真值审计了 🤗 Trainer")
     return f"the Trainer's SGD update is {result.norm_ratio:.4f} x the true one"
 
 
@@ -57,9 +58,11 @@ def accelerate_partial_window(answer: object) -> str:
     model, micro_batches = _tiny_bert_window(2)
     result = audit_update(accelerate_step(4), model, bert_classification_loss, micro_batches,
                           lambda parameters: torch.optim.SGD(parameters, lr=0.1))
-    _require(abs(_number(answer, "answer (ratio)") - result.norm_ratio) <= 1e-3,
+    _require(abs(_number(answer, "answer (ratio)", "answer（比值）") - result.norm_ratio) <= 1e-3,
              f"{answer} is not the measured ratio; ask what `accelerator.backward` divides "
-             "each loss by, and how many micro-batches came")
+             "each loss by, and how many micro-batches came",
+             zh=f"{answer} 不是测得的比值；想一想 `accelerator.backward` 把每个损失除以了多少，"
+                "而实际来了几个微批次")
     return (f"Accelerate's SGD update on 2 of 4 micro-batches is {result.norm_ratio:.4f} x the "
             "true one: each loss divided by 4, though 2 came")
 
@@ -86,9 +89,11 @@ def allreduce_bytes(answer: object) -> str:
             sent = counter.take()["bytes"]
         finally:
             dist.destroy_process_group()
-    _require(_number(answer, "answer (bytes)") == sent,
+    _require(_number(answer, "answer (bytes)", "answer（字节数）") == sent,
              f"{answer} bytes is not what DDP handed to all-reduce; count the all-reduces "
-             "of an epoch (the engine syncs under no_sync) and the float64 gradient of each")
+             "of an epoch (the engine syncs under no_sync) and the float64 gradient of each",
+             zh=f"{answer} 字节不是 DDP 交给全规约的字节数；数一数一个 epoch 里有几次全规约"
+                "（本库的引擎用 no_sync 控制梯度同步），以及每次全规约的 float64 梯度")
     return (f"{sent} bytes = 3 windows x {parameter_bytes} bytes of gradients: one all-reduce "
             "per window, whatever k")
 
@@ -98,9 +103,11 @@ def steps_per_epoch(answer: object) -> str:
     sampler = DistributedSampler(range(50), num_replicas=2, rank=0, shuffle=False)
     for _window in windows_of(DataLoader(range(50), batch_size=4, sampler=sampler), 2):
         steps += 1
-    _require(_number(answer, "answer (optimizer steps)") == steps,
+    _require(_number(answer, "answer (optimizer steps)", "answer（优化器更新次数）") == steps,
              f"{answer} is not the number of windows rank 0 sees; count its samples, then "
-             "its micro-batches, then windows of k (a partial last window steps too)")
+             "its micro-batches, then windows of k (a partial last window steps too)",
+             zh=f"{answer} 不是 0 号进程看到的窗口数；先数它的样本，再数它的微批次，最后数 k 个"
+                "微批次一组的窗口（最后一个不满的窗口也会更新）")
     return (f"rank 0 gets {len(sampler)} samples, {math.ceil(len(sampler) / 4)} micro-batches, "
             f"{steps} windows: {steps} optimizer steps (the last window is partial)")
 
@@ -109,9 +116,11 @@ def steps_per_epoch(answer: object) -> str:
 
 def sqrt_learning_rate(answer: object) -> str:
     lr = scaled_learning_rate(2e-5, 32, 256, "sqrt")
-    _require(abs(_number(answer, "answer (learning rate)") - lr) <= 1e-3 * lr,
+    _require(abs(_number(answer, "answer (learning rate)", "answer（学习率）") - lr) <= 1e-3 * lr,
              f"{answer} is not the square-root rule's learning rate; it multiplies the rate "
-             "by the square root of the batch's growth")
+             "by the square root of the batch's growth",
+             zh=f"{answer} 不是平方根规则给出的学习率；这条规则把学习率乘以批大小增长倍数的"
+                "平方根")
     return f"the square-root rule gives {lr:.4g} for an effective batch of 256"
 
 
@@ -134,10 +143,12 @@ def _engine_steps(samples: int, micro_batch_size: int, epochs: int) -> tuple[int
 
 def engine_steps(answer: object) -> str:
     steps, scheduled = _engine_steps(20, 2, epochs=1)
-    _require(scheduled == steps, "the scheduler and optimizer counts disagree")
-    _require(_number(answer, "answer (optimizer steps)") == steps,
+    _require(scheduled == steps, "the scheduler and optimizer counts disagree",
+             zh="学习率调度器与优化器的更新次数不一致")
+    _require(_number(answer, "answer (optimizer steps)", "answer（优化器更新次数）") == steps,
              f"{answer} is not the number of optimizer steps the engine took; does the "
-             "partial last window step?")
+             "partial last window step?",
+             zh=f"{answer} 不是本库的引擎做的优化器更新次数；最后一个不满的窗口会不会更新？")
     return f"10 micro-batches with k = 4: {steps} optimizer and scheduler steps"
 
 
@@ -154,18 +165,22 @@ def leftover_micro_batches(answer: object) -> str:
                 held.append(pending)
                 pending = 0  # step, then zero_grad
     first_of_epoch_2 = held[11 // 4]
-    _require(_number(answer, "answer (micro-batches)") == first_of_epoch_2,
+    _require(_number(answer, "answer (micro-batches)", "answer（微批次数）") == first_of_epoch_2,
              f"{answer} is not what that step adds up; count what is still in the gradients "
-             "when the first epoch ends")
+             "when the first epoch ends",
+             zh=f"{answer} 不是那次更新累加的微批次数；数一数第一个 epoch 结束时梯度里还留着"
+                "什么")
     return (f"the first step of epoch 2 adds up {first_of_epoch_2} micro-batches: "
             f"{11 % 4} left over from epoch 1 and 4 of its own")
 
 
 def schedule_length(answer: object) -> str:
     steps, _ = _engine_steps(1000, 8, epochs=3)
-    _require(_number(answer, "answer (schedule steps)") == steps,
+    _require(_number(answer, "answer (schedule steps)", "answer（调度步数）") == steps,
              f"{answer} steps is not the optimizer steps the engine takes; count the windows "
-             "of one epoch (its partial one steps too), then multiply by the epochs")
+             "of one epoch (its partial one steps too), then multiply by the epochs",
+             zh=f"{answer} 步不是本库的引擎做的优化器更新次数；先数一个 epoch 的窗口数"
+                "（其中不满的那个也会更新），再乘以 epoch 数")
     return (f"3 epochs of {math.ceil(1000 / 8)} micro-batches with k = 4: {steps} optimizer "
             f"steps, so a schedule {steps} steps long")
 
@@ -207,9 +222,11 @@ def _two_schedule_steps() -> tuple[float, float]:
 
 def pipeline_steps_ratio(answer: object) -> str:
     a, b = _two_schedule_steps()
-    _require(abs(_number(answer, "answer (a / b)") - a / b) <= 1e-3,
+    _require(abs(_number(answer, "answer (a / b)", "answer（a / b）") - a / b) <= 1e-3,
              f"{answer} is not a / b; ask what scale_grads divides at the end of each step: "
-             "only what that step added, or everything in .grad?")
+             "only what that step added, or everything in .grad?",
+             zh=f"{answer} 不是 a / b；想一想 scale_grads 在每次更新结束时除的是什么：只是这次"
+                "更新新加进来的梯度，还是 .grad 里的全部？")
     return (f"after two schedule steps the gradient is {a:.3f} g1 + {b:.3f} g2: a / b = "
             f"{a / b:.3f}, the first window divided by 4 twice")
 
@@ -226,8 +243,10 @@ def window_load_balancing_loss(answer: object) -> str:
                                         num_experts=2, top_k=1).item()
 
     window, each = loss("A", "B"), loss("A")
-    _require(abs(_number(answer, "answer (loss)") - window) <= 1e-6,
+    _require(abs(_number(answer, "answer (loss)", "answer（损失）") - window) <= 1e-6,
              f"{answer} is not the window's loss ({each:g} is each micro-batch's own); compute "
-             "f and P as means over all 8 tokens of the window, then the loss")
+             "f and P as means over all 8 tokens of the window, then the loss",
+             zh=f"{answer} 不是窗口的损失（{each:g} 是每个微批次各自的损失）；先在窗口的全部 "
+                "8 个 token 上把 f 和 P 求成均值，再算损失")
     return (f"the window routes half its tokens to each expert, with mean probabilities "
             f"(0.5, 0.5): loss {window:.3f}, where each micro-batch's own is {each:.3f}")
