@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -60,7 +60,7 @@ class HeldGradientProbe:
     """An engine observer: what is held after one micro-step's backward (``micro_step``),
     read by ``read()``."""
 
-    def __init__(self, read: object, micro_step: int = 0) -> None:
+    def __init__(self, read: Callable[[], object], micro_step: int = 0) -> None:
         self.read, self.micro_step = read, micro_step
         self.held: object = None
 
@@ -73,7 +73,7 @@ class HeldGradientProbe:
         """Nothing at the window's end."""
 
 
-def ddp_held_bytes(input_dim: int, hidden_dim: int, window: list, device: torch.device,
+def ddp_held_bytes(input_dim: int, hidden_dim: int, window: list, device: torch.device, *,
                    gradient_as_bucket_view: bool) -> dict[str, int | None]:
     """Return the tensor bytes held after the last backward of one engine window on a model
     wrapped in DDP (counted from the wrap on: buckets, gradients, what else is alive), the
@@ -150,9 +150,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         dims = (arguments.input_dim, arguments.hidden_dim)
 
         def both_ways(k: int) -> dict[str, dict]:
-            return {"default": ddp_held_bytes(*dims, windows[k], ctx.device, False),
-                    "gradient_as_bucket_view": ddp_held_bytes(*dims, windows[k], ctx.device,
-                                                              True)}
+            return {view_name: ddp_held_bytes(*dims, windows[k], ctx.device,
+                                              gradient_as_bucket_view=view)
+                    for view_name, view in (("default", False),
+                                            ("gradient_as_bucket_view", True))}
 
         results: dict[str, object] = {
             "world_size": ctx.world_size, "ddp": both_ways(2),
