@@ -35,8 +35,8 @@ from gradaccum_lib.batches import Batch, LossFn, batch_size
 from gradaccum_lib.jobs.launcher import launch
 from gradaccum_lib.losses import bert_classification_loss, sample_classification_loss
 from gradaccum_lib.measure.bench import Timing, paired_ratio, steady_allocator, time_interleaved
-from gradaccum_lib.measure.cluster import fit_transformer_activations
 from gradaccum_lib.measure.memory import activation_bytes, tensor_peak_bytes
+from gradaccum_lib.measure.planning import fit_transformer_activations
 from gradaccum_lib.workloads.data import (
     encode_records,
     load_emr_split,

@@ -20,6 +20,7 @@ from gradaccum_lib import (
     accumulated_gradients,
     equivalence,
     full_batch_gradients,
+    gradients,
     losses,
     max_gradient_difference,
     runtime,
@@ -31,7 +32,7 @@ from gradaccum_lib.jobs.checkpoints import CheckpointError, read_checkpoint, wri
 from gradaccum_lib.jobs.ddp import parse_arguments
 from gradaccum_lib.jobs.resume import Resumable
 from gradaccum_lib.losses import sample_classification_loss as LOSS
-from gradaccum_lib.measure import cluster, memory, metrics, noise, planning
+from gradaccum_lib.measure import memory, metrics, noise, planning
 from gradaccum_lib.notebook import widgets
 from gradaccum_lib.workloads import data, emr_corpus, models
 
@@ -40,8 +41,8 @@ BATCH = (INPUTS, LABELS)
 PARTS = split_into_micro_batches(BATCH, accumulation_steps=2)
 GRADS = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.5])}
 STEP_TIME = planning.StepTimeModel(0.002, 0.0001)
-ACTIVATIONS = cluster.TransformerActivations(100.0, 8.0, 50.0, 30.0, 2.0)
-SHAPE = cluster.TransformerShape(1000, 100, ACTIVATIONS)
+ACTIVATIONS = planning.TransformerActivations(100.0, 8.0, 50.0, 30.0, 2.0)
+SHAPE = planning.TransformerShape(1000, 100, ACTIVATIONS)
 DDP_MODEL = planning.DdpStepModel(0.01, 0.005)
 RECORD = {"id": "x", "text": "主诉：头痛1天。", "label": 0, "diagnosis": emr_corpus.LABELS[0]}
 MASK_BATCH = {"input_ids": torch.tensor([[2, 7, 8, 3]]), "attention_mask": torch.ones(1, 4)}
@@ -463,9 +464,9 @@ CASES = [
     row("step-optimizer-factory-returns-list", lambda tmp: equivalence.parameters_after_step(
         _model(), full_batch_gradients(_model(), LOSS, BATCH), list), T,
         r"make_optimizer must return a torch\.optim\.Optimizer; got list"),
-    row("flatten-empty", lambda tmp: equivalence.flatten_gradients({}), V,
+    row("flatten-empty", lambda tmp: gradients.flatten_gradients({}), V,
         r"grads is empty; it must be a non-empty dict"),
-    row("flatten-list", lambda tmp: equivalence.flatten_gradients([torch.zeros(1)]), T,
+    row("flatten-list", lambda tmp: gradients.flatten_gradients([torch.zeros(1)]), T,
         r"grads must be a dict of parameter name -> Tensor .* got list"),
     row("averaged-tensor", lambda tmp: equivalence.averaged_micro_batch_gradients(
         _model(), LOSS, INPUTS), T, r"micro_batches must be a list .* got Tensor"),
@@ -536,29 +537,29 @@ CASES = [
         r"activation_bytes_per_sample must be > 0; got 0\.0"),
     row("steps-for-world-0", lambda tmp: planning.accumulation_steps_for(256, 4, world_size=0),
         V, r"world_size must be a positive int; got 0"),
-    row("fit-activations-lengths", lambda tmp: cluster.fit_transformer_activations(
+    row("fit-activations-lengths", lambda tmp: planning.fit_transformer_activations(
         lambda n, s: 1, lengths=(64, 32, 128)), V,
         r"lengths must be three increasing positive ints; got \(64, 32, 128\)"),
-    row("fit-activations-measure-nan", lambda tmp: cluster.fit_transformer_activations(
+    row("fit-activations-measure-nan", lambda tmp: planning.fit_transformer_activations(
         lambda n, s: float("nan")), T,
         r"measure\(1, 32\) \(bytes\) must be an int >= 0; got nan of type float"),
-    row("activations-nan", lambda tmp: cluster.TransformerActivations(
+    row("activations-nan", lambda tmp: planning.TransformerActivations(
         float("nan"), 0.0, 0.0, 0.0, 0.0), V,
         r"TransformerActivations\.outside_fixed must be a finite number; got nan"),
     row("activations-length-0", lambda tmp: ACTIVATIONS.bytes_per_sample(0, 2), V,
         r"sequence_length must be a positive int; got 0"),
-    row("shape-params-negative", lambda tmp: cluster.TransformerShape(-1, 100, ACTIVATIONS), V,
+    row("shape-params-negative", lambda tmp: planning.TransformerShape(-1, 100, ACTIVATIONS), V,
         r"params_outside must be an int >= 0; got -1"),
-    row("plan-cluster-shape-none", lambda tmp: cluster.plan_cluster(
+    row("plan-cluster-shape-none", lambda tmp: planning.plan_cluster(
         None, num_layers=2, sequence_length=16, micro_batch_size=2, accumulation_steps=2,
         world_size=2, device_bytes=1e9), T, r"shape must be a TransformerShape .* got NoneType"),
-    row("plan-cluster-device-negative", lambda tmp: cluster.plan_cluster(
+    row("plan-cluster-device-negative", lambda tmp: planning.plan_cluster(
         SHAPE, num_layers=2, sequence_length=16, micro_batch_size=2, accumulation_steps=2,
         world_size=2, device_bytes=-1), V, r"device_bytes must be > 0; got -1"),
-    row("measure-bert-lengths", lambda tmp: cluster.measure_bert_shape(
+    row("measure-bert-lengths", lambda tmp: planning.measure_bert_shape(
         models.ROBERTA_WWM_EXT_LARGE, lengths=(32, 32, 64)), V,
         r"lengths must be three increasing positive ints; got \(32, 32, 64\)"),
-    row("measure-bert-autocast-fp32", lambda tmp: cluster.measure_bert_shape(
+    row("measure-bert-autocast-fp32", lambda tmp: planning.measure_bert_shape(
         models.ROBERTA_WWM_EXT_LARGE, autocast_dtype=torch.float32), V,
         r"autocast_dtype must be None, torch\.float16 or torch\.bfloat16; got torch\.float32"),
     # ---- metrics

@@ -30,8 +30,7 @@ __all__ = [
     "Timing",
 ]
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's <malloc.h>
-STEADY_THRESHOLD_BYTES = 256 * 2**20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's <malloc.h>
 
 
 @dataclass(frozen=True)
@@ -121,7 +120,7 @@ def paired_ratio(numerator: Timing, denominator: Timing) -> float:
                                                      strict=True))
 
 
-def steady_allocator(threshold_bytes: int = STEADY_THRESHOLD_BYTES) -> bool:
+def steady_allocator(threshold_bytes: int = 256 * 2**20) -> bool:
     """Make glibc keep freed memory up to ``threshold_bytes`` in the process (its trim and
     mmap thresholds fixed, no longer adjusted as the program frees); return False where the C
     library is not glibc. By default a free may hand pages back to the kernel and the next
@@ -134,5 +133,5 @@ def steady_allocator(threshold_bytes: int = STEADY_THRESHOLD_BYTES) -> bool:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
-    return (mallopt(M_TRIM_THRESHOLD, threshold_bytes) == 1
-            and mallopt(M_MMAP_THRESHOLD, min(threshold_bytes, 32 * 2**20)) == 1)
+    return (mallopt(_M_TRIM_THRESHOLD, threshold_bytes) == 1
+            and mallopt(_M_MMAP_THRESHOLD, min(threshold_bytes, 32 * 2**20)) == 1)

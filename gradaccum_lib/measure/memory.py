@@ -43,8 +43,8 @@ __all__ = [
     "cuda_peak_bytes",
     "memory_budget",
     "MemoryBreakdown",
-    "OPTIMIZER_STATES",
-    "PRECISIONS",
+    "Optimizer",
+    "Precision",
     "static_bytes",
     "tensor_bytes",
     "tensor_peak_bytes",
@@ -55,15 +55,15 @@ Optimizer = Literal["sgd", "sgd_momentum", "adam", "adamw"]
 
 Precision = Literal["fp32", "autocast", "mixed"]
 
-#: fp32 state tensors the optimizer keeps per parameter
-OPTIMIZER_STATES: dict[str, int] = {"sgd": 0, "sgd_momentum": 1, "adam": 2, "adamw": 2}
+# fp32 state tensors the optimizer keeps per parameter
+_OPTIMIZER_STATES: dict[str, int] = {"sgd": 0, "sgd_momentum": 1, "adam": 2, "adamw": 2}
 
-#: bytes per parameter for (weights, gradients, fp32 master copy). "autocast" is
-#: torch.autocast: fp32 weights and gradients (16-bit copies of the weights made during the
-#: step are activations: measure them). "mixed" is the Megatron/DeepSpeed layout: 16-bit
-#: weights and gradients plus an fp32 master copy that the optimizer updates. Activations are
-#: never scaled by an assumed factor: pass bytes measured in the precision you will use.
-PRECISIONS: dict[str, tuple[int, int, int]] = {
+# bytes per parameter for (weights, gradients, fp32 master copy). "autocast" is
+# torch.autocast: fp32 weights and gradients (16-bit copies of the weights made during the
+# step are activations: measure them). "mixed" is the Megatron/DeepSpeed layout: 16-bit
+# weights and gradients plus an fp32 master copy that the optimizer updates. Activations are
+# never scaled by an assumed factor: pass bytes measured in the precision you will use.
+_PRECISIONS: dict[str, tuple[int, int, int]] = {
     "fp32": (4, 4, 0),
     "autocast": (4, 4, 0),
     "mixed": (2, 2, 4),
@@ -204,17 +204,17 @@ def memory_budget(
     """
     if not is_int(num_parameters) or num_parameters < 0:
         raise ValueError(f"num_parameters must be an int >= 0; got {num_parameters!r}")
-    check_choice("optimizer", optimizer, OPTIMIZER_STATES)
-    check_choice("precision", precision, PRECISIONS)
+    check_choice("optimizer", optimizer, _OPTIMIZER_STATES)
+    check_choice("precision", precision, _PRECISIONS)
     check_positive_int("micro_batch_size", micro_batch_size)
     check_number("activation_bytes_per_sample", activation_bytes_per_sample, low=0)
     check_number("activation_bytes_fixed", activation_bytes_fixed, low=0)
     check_bool("ddp_bucket_copy", ddp_bucket_copy)
-    weight_bytes, grad_bytes, master_bytes = PRECISIONS[precision]
+    weight_bytes, grad_bytes, master_bytes = _PRECISIONS[precision]
     return MemoryBreakdown(
         parameters=num_parameters * weight_bytes,
         gradients=num_parameters * grad_bytes,
-        optimizer_state=num_parameters * 4 * OPTIMIZER_STATES[optimizer],
+        optimizer_state=num_parameters * 4 * _OPTIMIZER_STATES[optimizer],
         master_weights=num_parameters * master_bytes,
         activations=round(activation_bytes_fixed + activation_bytes_per_sample * micro_batch_size),
         ddp_buckets=num_parameters * grad_bytes if ddp_bucket_copy else 0,

@@ -29,7 +29,6 @@ __all__ = [
     "display_width",
     "encode_records",
     "IGNORE_INDEX",
-    "LABELS",
     "load_emr_split",
     "load_tokenizer",
     "make_toy_classification",

@@ -18,7 +18,6 @@ from pathlib import Path
 from ..runtime import check_positive_int
 
 __all__ = [
-    "CORPUS_FILES",
     "build_vocabulary",
     "corpus_statistics",
     "DATA_DIR",
@@ -311,8 +310,8 @@ code it comes from. Not for clinical use: the notes are plausible in form, not i
 """
 
 
-#: the files :func:`write_emr_corpus` writes, and the only ones its command overwrites
-CORPUS_FILES = ("emr_train.jsonl", "emr_validation.jsonl", "emr_test.jsonl", "vocab.txt",
+# the files :func:`write_emr_corpus` writes, and the only ones its command overwrites
+_CORPUS_FILES = ("emr_train.jsonl", "emr_validation.jsonl", "emr_test.jsonl", "vocab.txt",
                 "README.md")
 
 
@@ -333,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     directory = Path(arguments.directory)
     if directory.exists() and not directory.is_dir():
         parser.error(f"{directory} exists and is not a directory")
-    others = sorted(p.name for p in directory.iterdir() if p.name not in CORPUS_FILES or (
+    others = sorted(p.name for p in directory.iterdir() if p.name not in _CORPUS_FILES or (
         p.name == "README.md" and not p.read_text(errors="replace").startswith(
             "# EMR corpus: datasheet"))) if directory.is_dir() else []  # a README of its own
     if others and not arguments.force:

@@ -28,9 +28,6 @@ __all__ = [
     "make_tiny_causal_lm",
 ]
 
-Normalization = Literal["none", "batch", "layer"]
-
-
 def _check_dtype(dtype: object, label: str = "dtype") -> torch.dtype:
     """A floating-point ``torch.dtype``, or a TypeError naming ``label``."""
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
@@ -49,7 +46,7 @@ def make_mlp(
     hidden_dim: int,
     output_dim: int,
     *,
-    normalization: Normalization = "none",
+    normalization: Literal["none", "batch", "layer"] = "none",
     dropout: float = 0.0,
     seed: int = 0,
     dtype: torch.dtype = torch.float64,
