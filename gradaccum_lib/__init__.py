@@ -6,7 +6,8 @@ contract, and measure how far apart two sets of gradients are.
 """
 
 from .batches import NonFiniteLossError, split_into_micro_batches
-from .equivalence import accumulated_gradients, full_batch_gradients, max_gradient_difference
+from .equivalence import accumulated_gradients, full_batch_gradients
+from .gradients import max_gradient_difference
 
 __all__ = [
     "NonFiniteLossError",

@@ -36,14 +36,11 @@ from .batches import (  # the loss contract
     LossFn,
     NonFiniteGradientError,
     NonFiniteLossError,
-    _checked_output,
-    check_window_totals,
-    window_totals,
+    check_num_items,
+    loss_pair,
     windows_of,
 )
-from .distributed import SkippedSync, full_value, gradient_sync_kind
-from .gradients import first_non_finite_gradient, gradient_norm, scale_gradients_
-from .runtime import check_positive_int, check_trainer_arguments
+from .runtime import check_bool, check_model, check_positive_int
 
 __all__ = ["AccumulationTrainer", "TrainingHistory", "WindowRecord"]
 _NO_CONTEXT = contextlib.nullcontext()  # reusable: entering it does nothing
@@ -81,10 +78,6 @@ class TrainingHistory:
         return len(self.records)
 
 
-def _fp32(tensor: Tensor) -> Tensor:  # a 16-bit (autocast) loss is summed in float32
-    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
-
-
 class AccumulationTrainer:
     """Gradient accumulation done right, for one process, DDP or FSDP2 (see the module doc).
 
@@ -102,18 +95,20 @@ class AccumulationTrainer:
                  max_grad_norm: float | None = None, amp_dtype: torch.dtype | None = None,
                  progress: bool = True, observers: Sequence[Any] = (),
                  track_grad_norm: bool = True, sync_every_micro_step: bool = False) -> None:
-        check_trainer_arguments(model, loss_fn, optimizer, scheduler, max_grad_norm, amp_dtype,
-                                progress, observers, track_grad_norm, sync_every_micro_step)
+        _check_model_and_optimizer(model, loss_fn, optimizer, scheduler)
+        _check_options(max_grad_norm, amp_dtype, progress, observers, track_grad_norm,
+                       sync_every_micro_step)
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.scheduler = scheduler
         self.accumulation_steps = check_positive_int("accumulation_steps", accumulation_steps)
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         self.amp_dtype, self.progress, self.observers = amp_dtype, progress, list(observers)
         self.track_grad_norm, self.sync_every_micro_step = track_grad_norm, sync_every_micro_step
-        self.sync_kind = gradient_sync_kind(model)
-        self._skip_sync = SkippedSync(model) if self.sync_kind == "ddp" else _NO_CONTEXT
+        self.sync_kind = _sync_kind(model)
+        self._skip_sync = _SkippedSync(model) if self.sync_kind == "ddp" else _NO_CONTEXT
         distributed = dist.is_available() and dist.is_initialized()
         self.world_size = dist.get_world_size() if distributed else 1
+        _check_world(model, self.sync_kind, self.world_size)
         self.rank = dist.get_rank() if distributed else 0
         self.device_type = next(model.parameters()).device.type
         self._device = torch.device("cuda", torch.cuda.current_device()) if (  # of all-reduces
@@ -161,21 +156,14 @@ class AccumulationTrainer:
 
     def step_window(self, window: Sequence[Batch]) -> WindowRecord:
         """Accumulate over ``window``'s micro-batches and take one optimizer step."""
-        if isinstance(window, (Tensor, dict)) or not isinstance(window, Sequence):
-            raise TypeError("window must be a list of micro-batches (e.g. from "
-                            f"split_into_micro_batches); got {type(window).__name__}")
-        if not window:
-            raise ValueError("window is empty; it needs at least one micro-batch")
-        if len(window) > self.accumulation_steps:
-            raise ValueError(f"window holds {len(window)} micro-batches but accumulation_steps "
-                             f"is {self.accumulation_steps}; pass at most that many")
+        _check_window(window, self.accumulation_steps)
         self.optimizer.zero_grad(set_to_none=True)
         losses, counts, totals = self._accumulate(window)
         try:
             if isinstance(totals, tuple):  # an all-reduce under way since the last backward
                 totals[1].wait()
                 totals = totals[0].tolist()
-            items, loss_sum = check_window_totals(totals, losses, counts, self.windows_done)
+            items, loss_sum = _check_window_totals(totals, losses, counts, self.windows_done)
         except (ValueError, NonFiniteLossError):
             self.optimizer.zero_grad(set_to_none=True)
             raise
@@ -185,7 +173,7 @@ class AccumulationTrainer:
             self.scaler.unscale_(self.optimizer)  # once per window, before clipping
         factor = self.normaliser * self.world_size / items  # DDP/FSDP2 averaged over ranks
         if factor != 1.0:  # every micro-batch as many items: nothing to rescale
-            scale_gradients_([p.grad for p in self._parameters() if p.grad is not None], factor)
+            _scale_gradients_([p.grad for p in self._parameters() if p.grad is not None], factor)
         grad_norm = self._clip()
         learning_rate = float(self.optimizer.param_groups[0]["lr"])
         self._step()
@@ -208,7 +196,7 @@ class AccumulationTrainer:
                 with (_NO_CONTEXT if self.amp_dtype is None
                       else torch.autocast(self.device_type, dtype=self.amp_dtype)):
                     output = self.loss_fn(self.model, micro_batch)
-                summed_loss, count = _checked_output(output, micro_step)
+                summed_loss, count = loss_pair(output, micro_step)
                 if not summed_loss.requires_grad:
                     raise ValueError(
                         f"the loss of micro-batch {micro_step} does not require grad: loss_fn "
@@ -220,7 +208,7 @@ class AccumulationTrainer:
                 if self.normaliser is None:
                     self.normaliser = self._first_normaliser(float(count))
                 if micro_step == last:
-                    totals = window_totals(losses, counts)
+                    totals = _window_totals(losses, counts)
                     if self.world_size > 1:  # one all-reduce, under way during the backward
                         totals = torch.as_tensor(totals, dtype=torch.float64).to(self._device)
                         totals = (totals, dist.all_reduce(totals, async_op=True))
@@ -246,12 +234,12 @@ class AccumulationTrainer:
         if self.max_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(parameters, self.max_grad_norm)
         elif self.track_grad_norm:
-            norm = gradient_norm([p.grad for p in parameters if p.grad is not None])
+            norm = _gradient_norm([p.grad for p in parameters if p.grad is not None])
         else:
             return float("nan")
-        norm = float(full_value(norm))
+        norm = float(_full_value(norm))
         if not math.isfinite(norm) and self.scaler is None:
-            name = first_non_finite_gradient(self.model)
+            name = _first_non_finite_gradient(self.model)
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteGradientError(
                 f"window {self.windows_done}: the accumulated gradient is not finite (first at "
@@ -285,15 +273,223 @@ class AccumulationTrainer:
             raise TypeError(f"state must be a dict; got {type(state).__name__}")
         problems = [f"{key}: checkpoint {state.get(key)!r}, trainer {getattr(self, key)!r}"
                     for key in _STATE[:2] if state.get(key) != getattr(self, key)]
-        problems += [f"{key} must be an int >= 0; got {state.get(key)!r}" for key in _STATE[2:5]
-                     if not (type(state.get(key)) is int and state[key] >= 0)]
-        try:
-            history = TrainingHistory([WindowRecord(*row) for row in state["history"]])
-        except (KeyError, TypeError) as error:
-            problems.append(f"history: {error!r}")
+        problems += _state_problems(state)
+        history = None if problems else TrainingHistory(
+            [WindowRecord(*row) for row in state["history"]])
         if problems:
             raise ValueError("trainer state does not fit this trainer; nothing was restored: "
                              + "; ".join(problems))
         for key in _STATE[2:]:
             setattr(self, key, state[key])
         self.history = history
+
+
+# The engine's own steps, in the order a window calls them. ------------------------------------
+
+def _check_model_and_optimizer(model: object, loss_fn: object, optimizer: object,
+                               scheduler: object) -> None:
+    """Raise a TypeError or ValueError naming the first bad one of the four."""
+    check_model(model)
+    if not callable(loss_fn):
+        raise TypeError("loss_fn must be callable as loss_fn(model, micro_batch) -> "
+                        f"(summed_loss, num_items); got {type(loss_fn).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer; got "
+                        f"{type(optimizer).__name__}")
+    owned = {id(p) for p in model.parameters()}
+    strangers = sum(id(p) not in owned for g in optimizer.param_groups for p in g["params"])
+    if strangers:
+        raise ValueError(f"optimizer holds {strangers} parameter(s) that are not the "
+                         "model's; build it from model.parameters()")
+    if scheduler is not None and not (callable(getattr(scheduler, "step", None))
+                                      and getattr(scheduler, "optimizer", None) is optimizer):
+        raise ValueError("scheduler must be None or an LR scheduler built on this optimizer; "
+                         f"got {type(scheduler).__name__}")
+
+
+def _check_options(max_grad_norm: object, amp_dtype: object, progress: object,  # noqa: PLR0913
+                   observers: object, track_grad_norm: object,
+                   sync_every_micro_step: object) -> None:
+    """Raise a TypeError or ValueError naming the first bad keyword argument."""
+    if max_grad_norm is not None:
+        if isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float)):
+            raise TypeError(f"max_grad_norm must be a positive number or None; got "
+                            f"{max_grad_norm!r} of type {type(max_grad_norm).__name__}")
+        if not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
+            raise ValueError(f"max_grad_norm must be a finite number > 0 or None; got "
+                             f"{max_grad_norm!r}")
+    if amp_dtype not in (None, torch.bfloat16, torch.float16):
+        raise ValueError(
+            f"amp_dtype must be None, torch.bfloat16 or torch.float16; got {amp_dtype!r}")
+    check_bool("progress", progress)
+    check_bool("track_grad_norm", track_grad_norm)
+    check_bool("sync_every_micro_step", sync_every_micro_step)
+    if not isinstance(observers, (list, tuple)):
+        raise TypeError("observers must be a list or tuple of observer objects (with "
+                        f"on_micro_step and on_window_end); got {type(observers).__name__}")
+    for observer in observers:
+        if not all(callable(getattr(observer, name, None))
+                   for name in ("on_micro_step", "on_window_end")):
+            raise TypeError("each observer needs on_micro_step and on_window_end methods; "
+                            f"got {type(observer).__name__}")
+
+
+def _sync_kind(model: nn.Module) -> str:
+    """How ``model`` synchronises gradients: ``"ddp"``, ``"fsdp2"`` or ``"none"``."""
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        return "ddp"
+    if callable(getattr(model, "set_requires_gradient_sync", None)):
+        return "fsdp2"
+    return "none"
+
+
+def _check_world(model: nn.Module, sync_kind: str, world_size: int) -> None:
+    if world_size > 1 and sync_kind == "none":
+        raise ValueError(
+            f"model is a plain {type(model).__name__} but the process group has {world_size} "
+            "ranks: its gradients would never be synchronised and the ranks would drift apart; "
+            "wrap it in DistributedDataParallel or shard it with fully_shard (FSDP2)")
+
+
+class _SkippedSync:
+    """DDP's ``no_sync()`` as one reusable object: ``with skipped:`` turns the model's sync
+    flag off for the forward and backward inside it and restores it after (nested too). It
+    sets the flag DDP's own ``no_sync()`` sets (a public attribute); a subclass's override of
+    ``no_sync()`` is not called. The engine enters it on every micro-step but a window's last,
+    so it is a class, not a generator made anew each time."""
+
+    __slots__ = ("model", "_saved")
+
+    def __init__(self, model: nn.parallel.DistributedDataParallel) -> None:
+        self.model, self._saved = model, []
+
+    def __enter__(self) -> None:
+        self._saved.append(self.model.require_backward_grad_sync)
+        self.model.require_backward_grad_sync = False
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.model.require_backward_grad_sync = self._saved.pop()
+
+
+def _check_window(window: object, accumulation_steps: int) -> None:
+    if isinstance(window, (Tensor, dict)) or not isinstance(window, Sequence):
+        raise TypeError("window must be a list of micro-batches (e.g. from "
+                        f"split_into_micro_batches); got {type(window).__name__}")
+    if not window:
+        raise ValueError("window is empty; it needs at least one micro-batch")
+    if len(window) > accumulation_steps:
+        raise ValueError(f"window holds {len(window)} micro-batches but accumulation_steps "
+                         f"is {accumulation_steps}; pass at most that many")
+
+
+def _fp32(tensor: Tensor) -> Tensor:  # a 16-bit (autocast) loss is summed in float32
+    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
+
+
+def _window_totals(losses: list, counts: list) -> Tensor | list[float]:
+    """One rank's window totals, ``[items, finite loss sum, non-finite losses, invalid
+    counts]``, from its micro-batches' summed losses and counts: numbers when every value is
+    one (read on a CPU), else a float64 tensor computed on their device (no host sync)."""
+    if not any(isinstance(value, Tensor) for value in (*losses, *counts)):
+        valid = [c for c in counts if math.isfinite(c) and c >= 0]
+        finite = [loss for loss in losses if math.isfinite(loss)]
+        return [float(sum(valid)), float(sum(finite)), float(len(losses) - len(finite)),
+                float(len(counts) - len(valid))]
+    device = next(v.device for v in (*losses, *counts) if isinstance(v, Tensor))
+    loss, items = (torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device)
+                                for v in values]) for values in (losses, counts))
+    valid, finite = torch.isfinite(items) & (items >= 0), torch.isfinite(loss)
+    return torch.stack([torch.where(valid, items, 0.0).sum(), torch.where(finite, loss, 0.0).sum(),
+                        (~finite).sum().double(), (~valid).sum().double()])
+
+
+def _check_window_totals(totals: Sequence[float], summed_losses: Sequence[Tensor | float],
+                         counts: Sequence[Tensor | float], window: int) -> tuple[float, float]:
+    """A window's (items, summed loss) from its totals summed over every rank; raise on a
+    non-finite loss, an invalid count or no items, naming the micro-batch when this rank's
+    own ``summed_losses`` and ``counts`` hold it."""
+    items, loss_sum, bad_losses, bad_counts = totals
+    if bad_counts:
+        for micro_step, count in enumerate(counts):
+            check_num_items(float(count), micro_step)
+        raise ValueError("a micro-batch on another rank returned an invalid num_items "
+                         "(negative or not finite)")
+    if bad_losses:
+        for micro_step, loss in enumerate(summed_losses):
+            if not math.isfinite(float(loss)):
+                raise NonFiniteLossError(micro_step, float(loss))
+        raise NonFiniteLossError(-1, float("nan"), where="on another rank")
+    if items <= 0:
+        raise ValueError(f"window {window} covers no items (every num_items was 0 on every "
+                         "rank)")
+    return items, loss_sum
+
+
+def _scale_gradients_(grads: list[Tensor], factor: float) -> None:
+    """Multiply every gradient by ``factor`` in place (one ``_foreach_mul_``; DTensor shards
+    one by one)."""
+    with torch.no_grad():
+        if any(hasattr(g, "full_tensor") for g in grads):
+            for grad in grads:
+                grad.mul_(factor)
+        elif grads:
+            torch._foreach_mul_(grads, factor)
+
+
+def _gradient_norm(grads: list[Tensor]) -> Tensor:
+    """The L2 norm of all of ``grads`` together (0 for none): one ``_foreach_norm`` dispatch
+    when they share a device and dtype (``get_total_norm`` loops over them on a CPU),
+    ``get_total_norm`` for DTensor shards and mixed groups."""
+    if not grads:
+        return torch.zeros(())
+    if any(hasattr(g, "full_tensor") for g in grads) or len({(g.device, g.dtype)
+                                                              for g in grads}) > 1:
+        return torch.nn.utils.get_total_norm(grads)
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+
+
+def _full_value(tensor: Tensor) -> Tensor:
+    """The full value of a DTensor (an FSDP2 shard: every rank must call it), else itself."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _first_non_finite_gradient(model: nn.Module) -> str | None:
+    """The name of the first parameter whose ``.grad`` holds a NaN or an inf, or None (an
+    FSDP2 shard is checked whole: every rank must call it)."""
+    for name, parameter in model.named_parameters():
+        if parameter.grad is not None:
+            grad = _full_value(parameter.grad)
+            values = grad.coalesce().values() if grad.is_sparse else grad
+            if not bool(torch.isfinite(values).all()):
+                return name
+    return None
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _state_problems(state: Mapping[str, Any]) -> list[str]:
+    """What is wrong with a state's counters, normaliser and history (types included)."""
+    problems = [f"{key} must be an int >= 0; got {state.get(key)!r}" for key in _STATE[2:5]
+                if not _is_count(state.get(key))]
+    normaliser = state.get("normaliser")
+    if normaliser is not None and not (_is_number(normaliser) and normaliser > 0
+                                       and math.isfinite(normaliser)):
+        problems.append(f"normaliser must be None or a finite number > 0; got {normaliser!r}")
+    history = state.get("history")
+    if not isinstance(history, (list, tuple)):
+        return [*problems, f"history must be a list of records; got {type(history).__name__}"]
+    fields = len(WindowRecord.__dataclass_fields__)
+    for index, row in enumerate(history):
+        if not (isinstance(row, (list, tuple)) and len(row) == fields
+                and all(_is_count(v) for v in row[:3]) and all(_is_number(v) for v in row[3:])):
+            problems.append(f"history[{index}] must be {fields} fields (3 ints >= 0, then 4 "
+                            f"numbers: {', '.join(WindowRecord.__dataclass_fields__)}); "
+                            f"got {row!r}")
+            break
+    return problems

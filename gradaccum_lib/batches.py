@@ -29,12 +29,12 @@ __all__ = [
     "batch_size",
     "check_batch_collection",
     "check_loss_output",
+    "check_num_items",
     "concatenate_micro_batches",
     "LossFn",
+    "loss_pair",
     "NonFiniteGradientError",
     "NonFiniteLossError",
-    "check_window_totals",
-    "window_totals",
     "split_into_micro_batches",
     "windows_of",
 ]
@@ -203,8 +203,10 @@ def concatenate_micro_batches(micro_batches: Sequence[Batch]) -> Batch:
     return type(first)(parts)
 
 
-def _checked_output(output: object, micro_step: int) -> tuple[Tensor, Tensor | float]:
-    """The (summed_loss, num_items) pair of a loss function, its kinds and shapes checked."""
+def loss_pair(output: object, micro_step: int) -> tuple[Tensor, Tensor | float]:
+    """Return the ``(summed_loss, num_items)`` pair of a loss function's output, its kinds and
+    shapes checked and nothing read from the device (a tensor count stays a tensor): the
+    engine's per-micro-step check. :func:`check_loss_output` also reads and checks values."""
     if not isinstance(output, tuple) or len(output) != 2:
         raise TypeError(
             "loss_fn must return a tuple (summed_loss, num_items); "
@@ -234,7 +236,8 @@ def _checked_output(output: object, micro_step: int) -> tuple[Tensor, Tensor | f
     )
 
 
-def _check_count(count: float, micro_step: int) -> None:
+def check_num_items(count: float, micro_step: int) -> None:
+    """Raise a ValueError naming ``micro_step`` unless ``count`` is finite and >= 0."""
     if not (math.isfinite(count) and count >= 0):
         raise ValueError(
             f"loss_fn's num_items must be finite and >= 0; got {count} at micro-batch {micro_step}"
@@ -247,9 +250,9 @@ def check_loss_output(output: object, micro_step: int) -> tuple[Tensor, float]:
     ``num_items`` comes back as a Python float (exact for counts below 2**53). A non-finite
     loss raises :class:`NonFiniteLossError` naming ``micro_step``.
     """
-    summed_loss, num_items = _checked_output(output, micro_step)
+    summed_loss, num_items = loss_pair(output, micro_step)
     count = float(num_items.item()) if isinstance(num_items, Tensor) else num_items
-    _check_count(count, micro_step)
+    check_num_items(count, micro_step)
     if not torch.isfinite(summed_loss.detach()).item():
         raise NonFiniteLossError(micro_step, summed_loss.item())
     return summed_loss, count
@@ -272,42 +275,3 @@ def _windows(micro_batches: Iterable[Batch], accumulation_steps: int) -> Iterato
             window = []
     if window:
         yield window
-
-
-def window_totals(losses: list, counts: list) -> Tensor | list[float]:
-    """Return one rank's window totals, ``[items, finite loss sum, non-finite losses, invalid
-    counts]``, from its micro-batches' summed losses and counts: numbers when every value is
-    one (read on a CPU), else a float64 tensor computed on their device (no host sync)."""
-    if not any(isinstance(value, Tensor) for value in (*losses, *counts)):
-        valid = [c for c in counts if math.isfinite(c) and c >= 0]
-        finite = [loss for loss in losses if math.isfinite(loss)]
-        return [float(sum(valid)), float(sum(finite)), float(len(losses) - len(finite)),
-                float(len(counts) - len(valid))]
-    device = next(v.device for v in (*losses, *counts) if isinstance(v, Tensor))
-    loss, items = (torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device)
-                                for v in values]) for values in (losses, counts))
-    valid, finite = torch.isfinite(items) & (items >= 0), torch.isfinite(loss)
-    return torch.stack([torch.where(valid, items, 0.0).sum(), torch.where(finite, loss, 0.0).sum(),
-                        (~finite).sum().double(), (~valid).sum().double()])
-
-
-def check_window_totals(totals: Sequence[float], summed_losses: Sequence[Tensor | float],
-                        counts: Sequence[Tensor | float], window: int) -> tuple[float, float]:
-    """Return a window's (items, summed loss) from its :func:`window_totals` summed over every
-    rank; raise on a non-finite loss, an invalid count or no items, naming the micro-batch
-    when this rank's own ``summed_losses`` and ``counts`` hold it."""
-    items, loss_sum, bad_losses, bad_counts = totals
-    if bad_counts:
-        for micro_step, count in enumerate(counts):
-            _check_count(float(count), micro_step)
-        raise ValueError("a micro-batch on another rank returned an invalid num_items "
-                         "(negative or not finite)")
-    if bad_losses:
-        for micro_step, loss in enumerate(summed_losses):
-            if not math.isfinite(float(loss)):
-                raise NonFiniteLossError(micro_step, float(loss))
-        raise NonFiniteLossError(-1, float("nan"), where="on another rank")
-    if items <= 0:
-        raise ValueError(f"window {window} covers no items (every num_items was 0 on every "
-                         "rank)")
-    return items, loss_sum

@@ -1,6 +1,6 @@
 """What a worker needs to take part in gradient accumulation across ranks: join the process
-group (gloo on CPU, nccl on CUDA), tell how a model synchronises its gradients, and skip that
-sync on a window's inner micro-steps.
+group (gloo on CPU, nccl on CUDA) and leave it cleanly. How the engine skips DDP's gradient
+sync on a window's inner micro-steps is the engine's own (:mod:`gradaccum_lib.accumulation`).
 
 ``torchrun`` starts the processes; :func:`init_distributed` meets the other ranks through
 torchrun's store, or through the file that :func:`gradaccum_lib.jobs.launcher.launch` names
@@ -19,13 +19,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 __all__ = [
     "DistributedContext",
-    "SkippedSync",
-    "full_value",
-    "gradient_sync_kind",
     "init_distributed",
     "process_group_session",
 ]
@@ -107,43 +103,6 @@ def init_distributed(timeout_seconds: float = 60.0) -> DistributedContext:
             dist.init_process_group(backend, store=_attempt_store(world_size, timeout),
                                     rank=rank, world_size=world_size, timeout=timeout)
     return DistributedContext(rank, world_size, local_rank, device, backend)
-
-
-def gradient_sync_kind(model: nn.Module) -> str:
-    """Return how ``model`` synchronises gradients: ``"ddp"``, ``"fsdp2"`` or ``"none"``."""
-    if isinstance(model, nn.parallel.DistributedDataParallel):
-        return "ddp"
-    if callable(getattr(model, "set_requires_gradient_sync", None)):
-        return "fsdp2"
-    return "none"
-
-
-class SkippedSync:
-    """DDP's ``no_sync()`` as one reusable object: ``with skipped:`` turns the model's sync
-    flag off for the forward and backward inside it and restores it after (nested too). It
-    sets the flag DDP's own ``no_sync()`` sets; a subclass's override of ``no_sync()`` is not
-    called. The engine enters it on every micro-step but a window's last, so it is a class,
-    not a generator made anew each time."""
-
-    __slots__ = ("model", "_saved")
-
-    def __init__(self, model: nn.parallel.DistributedDataParallel) -> None:
-        if not isinstance(model, nn.parallel.DistributedDataParallel):
-            raise TypeError(f"SkippedSync needs a DistributedDataParallel model; got "
-                            f"{type(model).__name__}")
-        self.model, self._saved = model, []
-
-    def __enter__(self) -> None:
-        self._saved.append(self.model.require_backward_grad_sync)
-        self.model.require_backward_grad_sync = False
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.model.require_backward_grad_sync = self._saved.pop()
-
-
-def full_value(tensor: torch.Tensor) -> torch.Tensor:
-    """Return the full value of a DTensor (an FSDP2 shard), else ``tensor`` itself."""
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 @contextmanager

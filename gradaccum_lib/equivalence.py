@@ -28,26 +28,20 @@ from .gradients import (
     check_finite_gradients,
     check_gradient_dict,
     collected_gradients,
-    flatten_gradients,
     inputs_untouched,
-    max_gradient_difference,
     model_restored,
 )
 from .losses import info_nce_from_embeddings
-from .runtime import check_number
+from .runtime import check_model, check_number
 
 __all__ = [
     "AuditResult",
-    "Gradients",
+    "OptimizerFactory",
     "audit_update",
     "accumulated_gradients",
     "averaged_micro_batch_gradients",
-    "collected_gradients",
-    "flatten_gradients",
     "full_batch_gradients",
     "info_nce_cached_gradients",
-    "max_gradient_difference",
-    "model_restored",
     "parameters_after_step",
 ]
 
@@ -77,6 +71,7 @@ def _check_loss_fn(loss_fn: object) -> None:
 
 def full_batch_gradients(model: nn.Module, loss_fn: LossFn, batch: Batch) -> Gradients:
     """Return the gradient of the mean loss over ``batch``, computed in one forward/backward."""
+    check_model(model)
     _check_loss_fn(loss_fn)
     with model_restored(model), inputs_untouched([batch], model):
         summed_loss, num_items = check_loss_output(loss_fn(model, batch), 0)
@@ -141,6 +136,7 @@ def accumulated_gradients(
     gradient that is NaN or infinite after any micro-batch is refused, naming the parameter.
     ``micro_batches`` is a list of micro-batches (one bare batch is refused).
     """
+    check_model(model)
     _check_loss_fn(loss_fn)
     micro_batches = as_micro_batch_list(micro_batches)
     with model_restored(model), inputs_untouched(micro_batches, model):
@@ -165,6 +161,7 @@ def averaged_micro_batch_gradients(
     gradient (``loss.mean() / k`` per micro-batch). Exact only when every micro-batch covers
     the same number of items.
     """
+    check_model(model)
     _check_loss_fn(loss_fn)
     micro_batches = as_micro_batch_list(micro_batches)
     if not micro_batches:
@@ -217,7 +214,7 @@ def parameters_after_step(
 
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
-StepFunction = Callable[[nn.Module, list[Batch], OptimizerFactory], None]
+_StepFunction = Callable[[nn.Module, list[Batch], OptimizerFactory], None]
 
 
 @dataclass(frozen=True)
@@ -239,7 +236,7 @@ def _parameter_vector(model: nn.Module) -> Tensor:
 
 
 def audit_update(
-    step_fn: StepFunction,
+    step_fn: _StepFunction,
     model: nn.Module,
     loss_fn: LossFn,
     micro_batches: Sequence[Batch],

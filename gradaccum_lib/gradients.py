@@ -8,9 +8,10 @@ functions (:mod:`gradaccum_lib.equivalence`, which re-exports them) and of the a
 - :func:`inputs_untouched` restores the ``.grad`` of the leaf tensors outside the model that
   a batch holds or is a view of (backward would write into them);
 - :func:`check_finite_gradients` refuses a NaN or infinite ``.grad``, naming the parameter;
-- :func:`max_gradient_difference` and :func:`flatten_gradients` compare and flatten two sets;
-- :func:`gradient_norm` and :func:`scale_gradients_`: the engine's one pass over ``.grad``
-  each (DTensor shards included).
+- :func:`max_gradient_difference` and :func:`flatten_gradients` compare and flatten two sets.
+
+The ground truth shares no code with the engine it judges (beyond the loss contract): the
+engine's norm, rescale and finiteness passes are its own, in :mod:`gradaccum_lib.accumulation`.
 """
 
 from __future__ import annotations
@@ -27,15 +28,12 @@ from .runtime import check_bool
 __all__ = [
     "Gradients",
     "check_finite_gradients",
-    "first_non_finite_gradient",
     "check_gradient_dict",
     "collected_gradients",
     "flatten_gradients",
-    "gradient_norm",
     "inputs_untouched",
     "max_gradient_difference",
     "model_restored",
-    "scale_gradients_",
 ]
 
 Gradients = dict[str, Tensor]
@@ -118,7 +116,7 @@ def inputs_untouched(batches: Iterable[object], model: nn.Module) -> Iterator[No
             leaf.grad = grad
 
 
-def first_non_finite_gradient(model: nn.Module) -> str | None:
+def _first_non_finite(model: nn.Module) -> str | None:
     """Return the name of the first parameter whose ``.grad`` holds a NaN or an inf, or None
     (an FSDP2 shard is checked whole: every rank must call it)."""
     for name, parameter in model.named_parameters():
@@ -133,7 +131,7 @@ def first_non_finite_gradient(model: nn.Module) -> str | None:
 
 def check_finite_gradients(model: nn.Module, micro_step: int) -> None:
     """Raise a ValueError naming the first parameter whose ``.grad`` holds a NaN or an inf."""
-    name = first_non_finite_gradient(model)
+    name = _first_non_finite(model)
     if name is not None:
         raise ValueError(
             f"the gradient of parameter {name!r} is not finite (NaN or inf) after micro-batch "
@@ -211,26 +209,3 @@ def flatten_gradients(grads: Mapping[str, Tensor]) -> Tensor:
     """Return every gradient concatenated, in name order, as one float64 CPU vector."""
     check_gradient_dict("grads", grads)
     return torch.cat([_as_float64(grads[name]).reshape(-1) for name in sorted(grads)])
-
-
-def gradient_norm(grads: list[Tensor]) -> Tensor:
-    """Return the L2 norm of all of ``grads`` together (0 for none): one ``_foreach_norm``
-    dispatch when they share a device and dtype (``get_total_norm`` loops over them on a CPU),
-    ``get_total_norm`` for DTensor shards and mixed groups."""
-    if not grads:
-        return torch.zeros(())
-    if any(hasattr(g, "full_tensor") for g in grads) or len({(g.device, g.dtype)
-                                                              for g in grads}) > 1:
-        return torch.nn.utils.get_total_norm(grads)
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-
-
-def scale_gradients_(grads: list[Tensor], factor: float) -> None:
-    """Multiply every gradient in ``grads`` by ``factor`` in place (one ``_foreach_mul_``;
-    DTensor shards one by one)."""
-    with torch.no_grad():
-        if any(hasattr(g, "full_tensor") for g in grads):
-            for grad in grads:
-                grad.mul_(factor)
-        elif grads:
-            torch._foreach_mul_(grads, factor)

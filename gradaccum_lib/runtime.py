@@ -12,9 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.distributed as dist
-
-from .distributed import gradient_sync_kind
 
 __all__ = [
     "PROFILES",
@@ -22,9 +19,9 @@ __all__ = [
     "check_bool",
     "check_choice",
     "check_int",
+    "check_model",
     "check_number",
     "check_positive_int",
-    "check_trainer_arguments",
     "check_seed",
     "choose_device",
     "describe_profile",
@@ -249,11 +246,9 @@ def check_choice(label: str, value: object, choices: Collection[str]) -> str:
     return value
 
 
-def check_trainer_arguments(model: object, loss_fn: object, optimizer: object,  # noqa: PLR0913
-                            scheduler: object, max_grad_norm: object, amp_dtype: object,
-                            progress: object, observers: object, track_grad_norm: object,
-                            sync_every_micro_step: object) -> None:
-    """Raise a TypeError or ValueError naming the first bad argument of AccumulationTrainer."""
+def check_model(model: object) -> None:
+    """Raise unless ``model`` is an ``nn.Module`` with trainable parameters, all of one dtype
+    (the engine and the ground truth both refuse a mix, naming two parameters)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
     if not any(p.requires_grad for p in model.parameters()):
@@ -268,46 +263,3 @@ def check_trainer_arguments(model: object, loss_fn: object, optimizer: object,  
             f"model's parameters have mixed dtypes ({first_name!r} is {first}, {second_name!r} "
             f"is {second}); cast the model to one dtype (e.g. model.float()) and use amp_dtype "
             "for lower-precision compute")
-    if not callable(loss_fn):
-        raise TypeError("loss_fn must be callable as loss_fn(model, micro_batch) -> "
-                        f"(summed_loss, num_items); got {type(loss_fn).__name__}")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer; got "
-                        f"{type(optimizer).__name__}")
-    owned = {id(p) for p in model.parameters()}
-    strangers = sum(id(p) not in owned for g in optimizer.param_groups for p in g["params"])
-    if strangers:
-        raise ValueError(f"optimizer holds {strangers} parameter(s) that are not the "
-                         "model's; build it from model.parameters()")
-    if scheduler is not None and not (callable(getattr(scheduler, "step", None))
-                                      and getattr(scheduler, "optimizer", None) is optimizer):
-        raise ValueError("scheduler must be None or an LR scheduler built on this optimizer; "
-                         f"got {type(scheduler).__name__}")
-    if max_grad_norm is not None:
-        if isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float)):
-            raise TypeError(f"max_grad_norm must be a positive number or None; got "
-                            f"{max_grad_norm!r} of type {type(max_grad_norm).__name__}")
-        if not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
-            raise ValueError(f"max_grad_norm must be a finite number > 0 or None; got "
-                             f"{max_grad_norm!r}")
-    if amp_dtype not in (None, torch.bfloat16, torch.float16):
-        raise ValueError(
-            f"amp_dtype must be None, torch.bfloat16 or torch.float16; got {amp_dtype!r}")
-    check_bool("progress", progress)
-    check_bool("track_grad_norm", track_grad_norm)
-    check_bool("sync_every_micro_step", sync_every_micro_step)
-    if not isinstance(observers, (list, tuple)):
-        raise TypeError("observers must be a list or tuple of observer objects (with "
-                        "on_micro_step and on_window_end); got "
-                        f"{type(observers).__name__}")
-    for observer in observers:
-        if not all(callable(getattr(observer, name, None))
-                   for name in ("on_micro_step", "on_window_end")):
-            raise TypeError("each observer needs on_micro_step and on_window_end methods; "
-                            f"got {type(observer).__name__}")
-    world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    if world_size > 1 and gradient_sync_kind(model) == "none":
-        raise ValueError(
-            f"model is a plain {type(model).__name__} but the process group has {world_size} "
-            "ranks: its gradients would never be synchronised and the ranks would drift apart; "
-            "wrap it in DistributedDataParallel or shard it with fully_shard (FSDP2)")

@@ -16,11 +16,8 @@ from gradaccum_lib import (
     max_gradient_difference,
     split_into_micro_batches,
 )
-from gradaccum_lib.equivalence import (
-    averaged_micro_batch_gradients,
-    flatten_gradients,
-    parameters_after_step,
-)
+from gradaccum_lib.equivalence import averaged_micro_batch_gradients, parameters_after_step
+from gradaccum_lib.gradients import flatten_gradients
 from gradaccum_lib.losses import sample_classification_loss, token_classification_loss
 from gradaccum_lib.workloads.data import make_toy_classification, make_toy_token_batch
 from gradaccum_lib.workloads.models import TokenTagger, make_mlp
@@ -359,3 +356,20 @@ def test_a_bare_tensor_is_refused_not_taken_row_by_row(problem):
     with pytest.raises(TypeError,
                        match=r"micro_batches must be a list .* split_into_micro_batches.* Tensor"):
         accumulated_gradients(model, lambda m, b: (m(b).sum(), len(b)), inputs)
+
+
+@pytest.mark.parametrize("ground_truth", [accumulated_gradients, "full", "averaged"])
+def test_a_model_of_mixed_dtypes_is_refused_naming_two_parameters(ground_truth):
+    """Issue 30: torch's bare 'mat1 and mat2 must have the same dtype' became the engine's
+    message, naming the two parameters."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2).double())
+    batch = (torch.randn(6, 4), torch.tensor([0, 1, 0, 1, 0, 1]))
+    call = {"full": lambda: full_batch_gradients(model, sample_classification_loss, batch),
+            "averaged": lambda: averaged_micro_batch_gradients(
+                model, sample_classification_loss, split_into_micro_batches(
+                    batch, accumulation_steps=2))}.get(ground_truth) or (
+        lambda: accumulated_gradients(model, sample_classification_loss,
+                                      split_into_micro_batches(batch, accumulation_steps=2)))
+    with pytest.raises(ValueError, match=r"mixed dtypes \('0\.weight' is torch\.float32, "
+                                         r"'1\.weight' is torch\.float64\)"):
+        call()

@@ -9,7 +9,8 @@ import torch
 
 from gradaccum_lib import split_into_micro_batches
 from gradaccum_lib.accumulation import AccumulationTrainer
-from gradaccum_lib.equivalence import flatten_gradients, full_batch_gradients
+from gradaccum_lib.equivalence import full_batch_gradients
+from gradaccum_lib.gradients import flatten_gradients
 from gradaccum_lib.losses import sample_classification_loss
 from gradaccum_lib.measure.noise import (
     NoiseScaleTracker,

@@ -1,4 +1,6 @@
-"""One optimizer step of accumulation, the way each audited setup runs it.
+"""One optimizer step of accumulation, the way each audited setup runs it: gradaccum's engine,
+the nanoGPT-style bare loop and 🤗 Accelerate (the 🤗 Trainer is in
+:mod:`~gradaccum_lib.audits.hf_trainer`, Lightning in :mod:`~gradaccum_lib.audits.lightning`).
 
 Each function has the signature ``step(model, micro_batches, make_optimizer)`` expected by
 :func:`gradaccum_lib.equivalence.audit_update`: it builds the optimizer with
@@ -11,8 +13,6 @@ window of an epoch).
 
 from __future__ import annotations
 
-import copy
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -22,23 +22,17 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..accumulation import AccumulationTrainer
 from ..batches import concatenate_micro_batches
-from ..equivalence import Gradients, OptimizerFactory, collected_gradients, model_restored
+from ..equivalence import OptimizerFactory
 from ..losses import bert_classification_loss
 
 __all__ = [
     "WindowDataset",
     "accelerate_loop",
-    "accelerate_micro_step",
     "accelerate_step",
     "bare_loop",
     "bare_loop_step",
-    "hf_model_loss_gradients",
-    "hf_trainer",
-    "hf_trainer_step",
-    "hf_trainer_train_sampler",
     "library_step",
     "model_mean_loss",
-    "summed_cross_entropy_over_window",
 ]
 
 
@@ -84,11 +78,11 @@ def model_mean_loss(model: nn.Module, micro_batch: Mapping[str, Tensor]) -> Tens
     return model(**micro_batch).loss
 
 
-MeanLoss = Callable[[nn.Module, Any], Tensor]
+_MeanLoss = Callable[[nn.Module, Any], Tensor]
 
 
 def bare_loop(model: nn.Module, optimizer: torch.optim.Optimizer, accumulation_steps: int,
-              mean_loss: MeanLoss = model_mean_loss) -> Callable[[Sequence[Any]], None]:
+              mean_loss: _MeanLoss = model_mean_loss) -> Callable[[Sequence[Any]], None]:
     """Return ``run(micro_batches)``: the nanoGPT-style loop over them. Per micro-batch: on a
     DDP model, ``require_backward_grad_sync`` set BEFORE the forward pass (True only on the
     window's last micro-step); the mean loss divided by k; backward. Step and zero every k
@@ -122,8 +116,8 @@ def bare_loop_step(accumulation_steps: int):  # noqa: ANN201
     return step
 
 
-def accelerate_micro_step(accelerator: Any, model: nn.Module, optimizer: Any, mean_loss: MeanLoss,
-                          micro_batch: Any) -> None:
+def _accelerate_micro_step(accelerator: Any, model: nn.Module, optimizer: Any,
+                           mean_loss: _MeanLoss, micro_batch: Any) -> None:
     """One micro-batch the way Accelerate documents it: inside ``accelerator.accumulate``,
     ``accelerator.backward`` (which divides by k), then ``optimizer.step()`` and
     ``zero_grad()`` (no-ops until the window's last micro-step, or the data's end)."""
@@ -134,7 +128,7 @@ def accelerate_micro_step(accelerator: Any, model: nn.Module, optimizer: Any, me
 
 
 def accelerate_loop(model: nn.Module, optimizer: torch.optim.Optimizer, accumulation_steps: int,
-                    mean_loss: MeanLoss = model_mean_loss):  # noqa: ANN201
+                    mean_loss: _MeanLoss = model_mean_loss):  # noqa: ANN201
     """Return ``(run(micro_batches), prepared_model)`` for Accelerate without a prepared
     DataLoader (a benchmark of the loop's overhead; windows are counted by calls)."""
     from accelerate import Accelerator
@@ -148,7 +142,7 @@ def accelerate_loop(model: nn.Module, optimizer: torch.optim.Optimizer, accumula
 
     def run(micro_batches: Sequence[Any]) -> None:
         for micro_batch in micro_batches:
-            accelerate_micro_step(accelerator, prepared_model, prepared_optimizer, mean_loss,
+            _accelerate_micro_step(accelerator, prepared_model, prepared_optimizer, mean_loss,
                                   micro_batch)
 
     return run, prepared_model
@@ -182,119 +176,6 @@ def accelerate_step(accumulation_steps: int, *, count_window_items: bool = False
 
         loss = window_mean_loss if count_window_items else model_mean_loss
         for micro_batch in loader:
-            accelerate_micro_step(accelerator, model, optimizer, loss, micro_batch)
+            _accelerate_micro_step(accelerator, model, optimizer, loss, micro_batch)
 
     return step
-
-
-TRAINER_WORKAROUNDS = (None, "accepts_loss_kwargs=False", "loss_is_scaled_for_ga=False",
-                       "compute_loss_func")
-
-
-def summed_cross_entropy_over_window(outputs, labels, num_items_in_batch=None):  # noqa: ANN001, ANN201
-    """A ``compute_loss_func`` for the HF Trainer: summed cross-entropy divided by the
-    window's item count that the Trainer counted (``num_items_in_batch``).
-    """
-    logits = outputs["logits"] if isinstance(outputs, Mapping) else outputs[0]
-    summed = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                         labels.reshape(-1), reduction="sum")
-    if num_items_in_batch is None:
-        return summed / labels.numel()
-    return summed / num_items_in_batch
-
-
-def hf_trainer(model: nn.Module, micro_batches: Sequence[Mapping[str, Tensor]],
-               optimizer: torch.optim.Optimizer, accumulation_steps: int, output_dir: str, *,
-               max_grad_norm: float = 0.0, workaround: str | None = None,
-               callbacks: Sequence[Any] = (), log_every_step: bool = False,
-               shuffle: bool = True) -> Any:
-    """Return a 🤗 ``Trainer`` over the window's samples as users build one: its default
-    sampler (random, seeded; ``shuffle=False`` asks for its sequential one),
-    ``gradient_accumulation_steps=k``, ``max_grad_norm`` (the
-    ``TrainingArguments`` default is 1.0; 0 turns clipping off), a constant learning rate, the
-    optimizer passed in, CPU, one epoch, nothing written but to ``output_dir``. The console
-    printer is removed (``log_every_step`` still sends each step's logs to the callbacks).
-    ``workaround`` as in :func:`hf_trainer_step`.
-    """
-    if workaround not in TRAINER_WORKAROUNDS:
-        raise ValueError(f"workaround must be one of {TRAINER_WORKAROUNDS}; got {workaround!r}")
-    from transformers import Trainer, TrainingArguments
-    from transformers.trainer_callback import PrinterCallback
-
-    dataset = WindowDataset(micro_batches)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    arguments = TrainingArguments(
-        output_dir=output_dir, per_device_train_batch_size=dataset.micro_batch_size,
-        gradient_accumulation_steps=accumulation_steps, num_train_epochs=1,
-        max_grad_norm=max_grad_norm, use_cpu=True, report_to="none", save_strategy="no",
-        logging_strategy="steps" if log_every_step else "no", logging_steps=1,
-        disable_tqdm=True, dataloader_num_workers=0, seed=0,
-        train_sampling_strategy="random" if shuffle else "sequential",
-    )
-    if workaround == "accepts_loss_kwargs=False":
-        model.accepts_loss_kwargs = False  # read by Trainer.__init__
-    loss_func = summed_cross_entropy_over_window if workaround == "compute_loss_func" else None
-    trainer = Trainer(model=model, args=arguments, train_dataset=dataset,
-                      optimizers=(optimizer, scheduler), compute_loss_func=loss_func,
-                      callbacks=list(callbacks))
-    if workaround == "loss_is_scaled_for_ga=False":
-        trainer.loss_is_scaled_for_ga = False  # read by Trainer.training_step
-    trainer.remove_callback(PrinterCallback)  # its run summary goes to stdout otherwise
-    return trainer
-
-
-def hf_trainer_step(accumulation_steps: int, *, workaround: str | None = None,  # noqa: ANN201
-                    max_grad_norm: float = 0.0, shuffle: bool = True):
-    """Return a step function for the HF ``Trainer`` with ``gradient_accumulation_steps=k``
-    (:func:`hf_trainer`): one epoch over the window's samples in its default (shuffled)
-    order unless ``shuffle=False``, clipping off unless ``max_grad_norm`` is given, a
-    constant learning rate, the optimizer passed in.
-
-    ``workaround``: ``"accepts_loss_kwargs=False"`` tells the Trainer the model ignores
-    ``num_items_in_batch`` (so it divides each micro-batch loss by k again);
-    ``"loss_is_scaled_for_ga=False"`` sets that ``Trainer`` attribute (transformers 5.x), which
-    makes ``training_step`` divide each micro-batch loss by k whatever the model accepts;
-    ``"compute_loss_func"`` computes the loss outside the model as a sum divided by the
-    Trainer's window item count.
-    """
-    if workaround not in TRAINER_WORKAROUNDS:
-        raise ValueError(f"workaround must be one of {TRAINER_WORKAROUNDS}; got {workaround!r}")
-
-    def step(model: nn.Module, micro_batches: list, make_optimizer: OptimizerFactory) -> None:
-        with tempfile.TemporaryDirectory() as output_dir:
-            hf_trainer(model, micro_batches, make_optimizer(model.parameters()),
-                       accumulation_steps, output_dir, max_grad_norm=max_grad_norm,
-                       workaround=workaround, shuffle=shuffle).train()
-
-    return step
-
-
-def hf_trainer_train_sampler(model: nn.Module,
-                             micro_batches: Sequence[Mapping[str, Tensor]]) -> Any:
-    """Return the sampler the installed 🤗 ``Trainer`` builds for its training data when the
-    user sets nothing about sampling (``Trainer._get_train_sampler``); ``model`` is not
-    touched (the Trainer gets a copy)."""
-    model = copy.deepcopy(model)
-    with tempfile.TemporaryDirectory() as output_dir:
-        trainer = hf_trainer(model, micro_batches, torch.optim.SGD(model.parameters(), lr=0.1),
-                             1, output_dir)
-        return trainer._get_train_sampler()
-
-
-def hf_model_loss_gradients(model: nn.Module, micro_batches: Sequence[Mapping[str, Tensor]], *,
-                            num_items_in_batch: Tensor | None = None) -> Gradients:
-    """Return the window gradient the 🤗 ``Trainer`` accumulates from the model's own loss:
-    ``model(**micro_batch).loss`` per micro-batch, divided by k when no window count is given
-    (the pre-2024 behaviour, and what heads that drop the count still get), or with
-    ``num_items_in_batch`` passed to the model. The model is left as found.
-    """
-    micro_batches = list(micro_batches)
-    if not micro_batches:
-        raise ValueError("micro_batches is empty; it needs at least one micro-batch")
-    with model_restored(model):
-        for micro_batch in micro_batches:
-            if num_items_in_batch is None:
-                (model(**micro_batch).loss / len(micro_batches)).backward()
-            else:
-                model(**micro_batch, num_items_in_batch=num_items_in_batch).loss.backward()
-        return collected_gradients(model, 1.0)

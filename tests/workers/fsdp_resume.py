@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from gradaccum_lib.accumulation import AccumulationTrainer
 from gradaccum_lib.batches import split_into_micro_batches
-from gradaccum_lib.distributed import full_value, init_distributed, process_group_session
+from gradaccum_lib.distributed import init_distributed, process_group_session
 from gradaccum_lib.jobs.resume import Resumable
 from gradaccum_lib.jobs.worker import run_worker
 from gradaccum_lib.losses import sample_classification_loss
@@ -34,7 +34,7 @@ def _trainer() -> AccumulationTrainer:
 
 
 def _parameters(trainer: AccumulationTrainer) -> list[float]:
-    return torch.cat([full_value(p.detach()).reshape(-1)
+    return torch.cat([p.detach().full_tensor().reshape(-1)  # FSDP2 parameters are DTensors
                       for p in trainer.model.parameters()]).tolist()
 
 

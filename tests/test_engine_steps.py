@@ -1,6 +1,6 @@
-"""The engine's window totals and their checks (batches.window_totals, check_window_totals)
-and its passes over .grad (gradients.gradient_norm, scale_gradients_,
-first_non_finite_gradient)."""
+"""The engine's private steps, one by one (accumulation.py, below AccumulationTrainer): the
+window totals and their checks, its passes over .grad (norm, rescale, first non-finite), and
+the state check of load_state_dict. The engine's behaviour as a whole is in test_trainer.py."""
 
 from __future__ import annotations
 
@@ -9,8 +9,14 @@ import math
 import pytest
 import torch
 
-from gradaccum_lib.batches import NonFiniteLossError, check_window_totals, window_totals
-from gradaccum_lib.gradients import first_non_finite_gradient, gradient_norm, scale_gradients_
+from gradaccum_lib.accumulation import AccumulationTrainer
+from gradaccum_lib.accumulation import _check_window_totals as check_window_totals
+from gradaccum_lib.accumulation import _first_non_finite_gradient as first_non_finite_gradient
+from gradaccum_lib.accumulation import _gradient_norm as gradient_norm
+from gradaccum_lib.accumulation import _scale_gradients_ as scale_gradients_
+from gradaccum_lib.accumulation import _window_totals as window_totals
+from gradaccum_lib.batches import NonFiniteLossError
+from gradaccum_lib.losses import sample_classification_loss
 
 
 def test_totals_count_bad_values_instead_of_summing_them():
@@ -58,3 +64,33 @@ def test_first_non_finite_gradient_names_the_parameter_or_none():
     model[1].weight.grad[0, 1] = math.inf
     model[1].bias.grad[0] = math.nan
     assert first_non_finite_gradient(model) == "1.weight"
+
+
+def _trainer() -> AccumulationTrainer:
+    model = torch.nn.Linear(3, 2)
+    return AccumulationTrainer(model, sample_classification_loss,
+                               torch.optim.SGD(model.parameters(), lr=0.1),
+                               accumulation_steps=2, progress=False)
+
+
+@pytest.mark.parametrize(("history", "message"), [
+    ({"records": "garbage"}, "history must be a list of records; got dict"),
+    ("garbage", "history must be a list of records; got str"),
+    ([(0, 0, 2, 8.0, 1.0, 0.5)], r"history\[0\] must be 7 fields"),
+    ([(0, "0", 2, 8.0, 1.0, 0.5, 0.1)], r"history\[0\] must be 7 fields.*got \(0, '0'"),
+    ([(0, 0, 2, 8.0, "1.0", 0.5, 0.1)], r"history\[0\] must be 7 fields"),
+])
+def test_a_history_of_the_wrong_types_is_refused_before_anything_is_restored(history, message):
+    """Issue 30: {"records": "garbage"} used to become WindowRecord(epoch='r', ...)."""
+    trainer = _trainer()
+    state = trainer.state_dict() | {"windows_done": 3, "history": history}
+    with pytest.raises(ValueError, match=message):
+        trainer.load_state_dict(state)
+    assert trainer.windows_done == 0 and len(trainer.history) == 0  # nothing restored
+
+
+@pytest.mark.parametrize("normaliser", ["8", -1.0, float("nan"), True])
+def test_a_bad_normaliser_is_refused(normaliser):
+    trainer = _trainer()
+    with pytest.raises(ValueError, match="normaliser must be None or a finite number > 0"):
+        trainer.load_state_dict(trainer.state_dict() | {"normaliser": normaliser})
