@@ -150,7 +150,8 @@ def load_emr_split(split: str, directory: str | Path = DATA_DIR) -> list[dict[st
 
     Blank lines are skipped; anything else that is not a record (a JSON object with a str
     ``text`` and an int ``label`` in [0, len(LABELS))) is refused naming the file and its
-    1-based line.
+    1-based line. ``directory`` is a corpus written by ``python -m
+    gradaccum_lib.workloads.emr_corpus DIRECTORY`` (the tests read damaged copies there).
     """
     if not isinstance(split, str) or split not in SPLITS:
         raise ValueError(f"split must be one of {list(SPLITS)}; got {split!r}")
@@ -213,7 +214,8 @@ def load_tokenizer(vocab_path: str | Path = DATA_DIR / "vocab.txt") -> PreTraine
 
     transformers 5 pitfall: ``BertTokenizerFast(vocab_file=...)`` silently maps every character
     to [UNK]; ``BertTokenizer(vocab=path)`` loads the file. Case is kept (CT, BNP, mmHg).
-    The file is checked first: one token per line, [PAD] first, every special token present.
+    The file is checked first: one token per line, [PAD] first, every special token present
+    (the tests check damaged copies through ``vocab_path``).
     """
     from transformers import BertTokenizer
 

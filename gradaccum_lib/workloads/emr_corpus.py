@@ -250,7 +250,8 @@ def corpus_statistics(records: Sequence[Mapping[str, object]]) -> dict[str, obje
     }
 
 
-def _datasheet(splits: Mapping[str, Sequence[Mapping[str, object]]], vocab_size: int) -> str:
+def _datasheet_tables(splits: Mapping[str, Sequence[Mapping[str, object]]]) -> tuple[str, str]:
+    """The datasheet's two tables' rows: notes per diagnosis and split; lengths per split."""
     stats = {name: corpus_statistics(records) for name, records in splits.items()}
     rows = "\n".join(
         f"| {label} | " + " | ".join(str(stats[name]["label_counts"][label]) for name in splits)
@@ -260,6 +261,12 @@ def _datasheet(splits: Mapping[str, Sequence[Mapping[str, object]]], vocab_size:
         f"| {name} | {s['records']} | {s['length_min']} | {s['length_median']} | "
         f"{s['length_p90']} | {s['length_max']} |" for name, s in stats.items()
     )
+    return rows, lengths
+
+
+def _datasheet(splits: Mapping[str, Sequence[Mapping[str, object]]], vocab_size: int) -> str:
+    """The corpus's README.md: how it was made, its labels and lengths, its license."""
+    rows, lengths = _datasheet_tables(splits)
     longest = 2 + max(len("".join(str(r["text"]).split()))
                       for records in splits.values() for r in records)
     seeds = ", ".join(f"{n} = {size} notes (seed {seed})" for n, (size, seed) in SPLITS.items())
