@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from gradaccum_lib.jobs.checkpoints import (
     optimizer_state_problems,
     read_checkpoint,
     remove_stale_temporaries,
+    state_problems,
     write_checkpoint,
 )
 from gradaccum_lib.jobs.resume import Resumable
@@ -188,7 +190,7 @@ def test_a_checkpoint_of_another_model_or_k_names_the_mismatch(checkpoint):
 
 def test_writes_are_atomic_and_clean_stale_temporaries(tmp_path):
     target = tmp_path / "c.pt"
-    stale = tmp_path / ".c.pt.tmp-99999"
+    stale = tmp_path / f".c.pt.tmp-{2**22 + 12345}"  # above the default pid_max: no process
     stale.write_bytes(b"left by a crash")
     write_checkpoint({"a": torch.arange(3)}, target)
     assert not stale.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["c.pt"]
@@ -238,3 +240,60 @@ def test_a_payload_that_is_not_a_torch_save_names_the_path_and_what_was_expected
     with pytest.raises(CheckpointError, match=r"foreign\.pt cannot be unpickled \(expected a "
                                               r"dict of tensors and plain data"):
         read_checkpoint(path)
+
+
+def _load_crafted(checkpoint, tmp_path, change):
+    """Load the checkpoint with ``change(state)`` applied (hash valid) into a fresh trainer;
+    return the raised CheckpointError and whether the trainer was left as it was."""
+    state = read_checkpoint(checkpoint)
+    change(state)
+    crafted = write_checkpoint(state, tmp_path / "crafted.pt")
+    trainer = _trainer()
+    before = ([p.detach().clone() for p in trainer.model.parameters()],
+              trainer.scheduler.state_dict())
+    with pytest.raises(CheckpointError) as info:
+        Resumable(trainer).load_checkpoint(crafted)
+    untouched = (all(torch.equal(a, b) for a, b in zip(before[0], trainer.model.parameters(),
+                                                       strict=True))
+                 and not trainer.optimizer.state and trainer.optimizer_steps == 0
+                 and trainer.scheduler.state_dict() == before[1])
+    return str(info.value), untouched
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda state: state.update(scheduler={"bogus": 1}),
+     r"scheduler: keys \[.*'last_epoch'.*\] missing, \['bogus'\] unknown"),
+    (lambda state: state["model"].update({"0.weight": state["model"]["0.weight"].float()}),
+     r"model\['0\.weight'\]: dtype torch\.float32, this run's torch\.float64"),
+    (lambda state: state["optimizer"]["state"][1].update(
+        exp_avg=state["optimizer"]["state"][1]["exp_avg"].float()),
+     r"optimizer: exp_avg of parameter 1 has dtype torch\.float32, the parameter torch\.float64"),
+    (lambda state: state["optimizer"]["param_groups"][0].update(betas="fast"),
+     r"optimizer\['param_groups'\]\[0\]\['betas'\]: a str, this run's a tuple"),
+    (lambda state: state["scheduler"].update(last_epoch="2"),
+     r"scheduler\['last_epoch'\]: a str, this run's an int"),
+    (lambda state: state["ranks"][0].update(sampler_epoch="0"),
+     r"ranks: rank 0's sampler_epoch is '0', not an int or None"),
+], ids=["scheduler-bogus", "model-float32-for-float64", "optimizer-float32-state",
+        "optimizer-betas-str", "scheduler-last-epoch-str", "rank-sampler-epoch-str"])
+def test_a_crafted_state_of_another_type_or_dtype_is_refused_before_anything_is_restored(
+        checkpoint, tmp_path, change, message):
+    error, untouched = _load_crafted(checkpoint, tmp_path, change)
+    assert re.search(message, error), error
+    assert "nothing was restored" in error and untouched
+
+
+def test_state_problems_name_each_field_of_another_kind():
+    live = {"w": torch.zeros(2), "lrs": [0.1, 0.2], "step": 3, "flag": False, "none": None}
+    assert state_problems(dict(live), live, "part") == []
+    assert state_problems({**live, "step": 3.0}, live, "part") == []  # numbers are numbers
+    saved = {"w": torch.zeros(2, dtype=torch.float64), "lrs": [0.1], "step": "3", "flag": 1,
+             "none": None}
+    assert state_problems(saved, live, "part") == [
+        "part['w']: dtype torch.float64, this run's torch.float32",
+        "part['lrs']: 1 entries, this run's 2",
+        "part['step']: a str, this run's an int",
+        "part['flag']: an int, this run's a bool"]
+    assert state_problems({"w": torch.zeros(3)}, {"w": torch.zeros(2)}, "m") == [
+        "m['w']: shape (3,), this run's (2,)"]
+    assert state_problems(5, {}, "scheduler") == ["scheduler: an int, this run's a dict"]

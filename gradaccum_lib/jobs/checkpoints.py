@@ -1,18 +1,22 @@
 """Checkpoint files: written atomically, verified on load, every failure naming its path.
 
 A checkpoint file is one header line, ``gradaccum-checkpoint v1 sha256=<hex>``, followed by
-the bytes of ``torch.save(state)``. :func:`write_checkpoint` writes it to a temporary file in
-the same directory, ``fsync``s it, ``os.replace``s it over the target and ``fsync``s the
-directory, so a crash at any moment leaves either the old checkpoint or the new one, never a
-torn file; temporaries left by an earlier crash are removed. :func:`read_checkpoint` checks
-the header and the content hash (a single flipped bit is refused) before unpickling with
-``weights_only=True``; :func:`remove_stale_temporaries` clears what a killed writer left.
-Two checks of what a checkpoint holds: :func:`optimizer_state_problems` (the optimizer state
-against the parameters) and :func:`window_fingerprint` (the last window trained, for replay).
+the bytes of ``torch.save(state)``. :func:`write_atomically` writes a file's bytes to a
+temporary ``.NAME.tmp-PID`` in the same directory, ``fsync``s it, ``os.replace``s it over the
+target and ``fsync``s the directory, so a crash at any moment leaves either the old file or
+the new one, never a torn file; :func:`remove_stale_temporaries` clears the temporaries a
+killed writer left (exactly that name pattern, a pid that is no running process).
+:func:`read_checkpoint` checks the header and the content hash (a single flipped bit is
+refused) before unpickling with ``weights_only=True``. Checks of what a checkpoint holds, made
+before anything is restored: :func:`state_problems` (a saved state against the live one's
+``state_dict()``: types, tensor dtypes and shapes, keys), :func:`optimizer_state_problems`
+(the optimizer state against the parameters) and :func:`window_fingerprint` (the last window
+trained, for replay).
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import io
 import os
@@ -26,10 +30,13 @@ from ..batches import Batch, _tensors_of
 
 __all__ = [
     "CheckpointError",
+    "MAGIC",
     "optimizer_state_problems",
     "read_checkpoint",
     "remove_stale_temporaries",
+    "state_problems",
     "window_fingerprint",
+    "write_atomically",
     "write_checkpoint",
 ]
 
@@ -43,15 +50,16 @@ class CheckpointError(ValueError):
 
 
 def _temporaries(target: Path) -> list[Path]:
-    return sorted(target.parent.glob(f".{target.name}.tmp-*"))
+    """The files named ``.NAME.tmp-PID`` beside ``target`` (PID in digits): its writers'."""
+    prefix = f".{target.name}.tmp-"
+    return sorted(path for path in target.parent.glob(f"{glob.escape(prefix)}*")
+                  if path.name[len(prefix):].isdigit())
 
 
 def _writer_is_gone(temporary: Path) -> bool:
     """True when the pid in a ``.NAME.tmp-PID`` file's name is no running process."""
     try:
         os.kill(int(temporary.name.rsplit("-", 1)[1]), 0)
-    except ValueError:
-        return False  # not one of ours: leave it
     except ProcessLookupError:
         return True
     except PermissionError:  # a live process of another user
@@ -68,32 +76,26 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     return stale
 
 
-def write_checkpoint(state: Mapping[str, Any], path: str | os.PathLike) -> Path:
-    """Write ``state`` to ``path`` atomically (temporary file, fsync, rename, fsync of the
-    directory) with a content hash; return the path written."""
-    if not isinstance(state, Mapping):
-        raise TypeError(f"state must be a dict; got {type(state).__name__}")
+def write_atomically(path: str | os.PathLike, *chunks: bytes) -> Path:
+    """Write ``chunks`` one after the other to ``path`` atomically (temporary file, fsync, rename, fsync of the
+    directory), first removing the temporaries of ``path`` that a killed writer left; return
+    the path written. Raises :class:`CheckpointError` naming the path when it cannot."""
     target = Path(path)
     if target.is_dir():
         raise CheckpointError(f"checkpoint path {target} is a directory; give a file path")
     if not target.parent.is_dir():
         raise CheckpointError(f"checkpoint directory {target.parent} does not exist")
-    for stale in _temporaries(target):  # left by a crash during an earlier save
-        stale.unlink(missing_ok=True)
-    buffer = io.BytesIO()
-    torch.save(dict(state), buffer)
-    payload = buffer.getvalue()
-    header = MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n"
+    remove_stale_temporaries(target)
     temporary = target.parent / f".{target.name}.tmp-{os.getpid()}"
     try:
         with open(temporary, "wb") as handle:
-            handle.write(header)
-            handle.write(payload)
+            for chunk in chunks:
+                handle.write(chunk)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, target)
-    except OSError as error:  # disk full, no permission...: the old checkpoint is intact
-        raise CheckpointError(f"checkpoint {target} could not be written: {error}") from None
+    except OSError as error:  # disk full, no permission...: the old file is intact
+        raise CheckpointError(f"{target} could not be written: {error}") from None
     finally:
         temporary.unlink(missing_ok=True)
     directory = os.open(target.parent, os.O_RDONLY)
@@ -102,6 +104,18 @@ def write_checkpoint(state: Mapping[str, Any], path: str | os.PathLike) -> Path:
     finally:
         os.close(directory)
     return target
+
+
+def write_checkpoint(state: Mapping[str, Any], path: str | os.PathLike) -> Path:
+    """Write ``state`` to ``path`` atomically (:func:`write_atomically`) with a content hash;
+    return the path written."""
+    if not isinstance(state, Mapping):
+        raise TypeError(f"state must be a dict; got {type(state).__name__}")
+    buffer = io.BytesIO()
+    torch.save(dict(state), buffer)
+    payload = buffer.getvalue()
+    header = MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n"
+    return write_atomically(path, header, payload)
 
 
 def read_checkpoint(path: str | os.PathLike,
@@ -144,24 +158,81 @@ def read_checkpoint(path: str | os.PathLike,
     return state
 
 
+def _kind(value: object) -> str:
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def state_problems(saved: object, live: object, field: str) -> list[str]:
+    """Return where ``saved`` is not of the kind of ``live`` (a ``state_dict()`` of this run),
+    each naming its field: another type (ints and floats are both numbers), a tensor of another
+    dtype or shape, other keys, another length; empty when it fits."""
+    if isinstance(live, torch.Tensor):
+        if not isinstance(saved, torch.Tensor):
+            return [f"{field}: {_kind(saved)}, this run's a tensor"]
+        if saved.dtype != live.dtype:
+            return [f"{field}: dtype {saved.dtype}, this run's {live.dtype}"]
+        if saved.shape != live.shape:
+            return [f"{field}: shape {tuple(saved.shape)}, this run's {tuple(live.shape)}"]
+        return []
+    numbers = (int, float)
+    if (isinstance(live, numbers) and isinstance(saved, numbers)
+            and isinstance(live, bool) == isinstance(saved, bool)):
+        return []
+    if isinstance(live, Mapping):  # a dict or an OrderedDict
+        if not isinstance(saved, Mapping):
+            return [f"{field}: {_kind(saved)}, this run's a dict"]
+        if saved.keys() != live.keys():
+            return [f"{field}: keys {sorted(map(str, live.keys() - saved.keys()))} missing, "
+                    f"{sorted(map(str, saved.keys() - live.keys()))} unknown"]
+        return [problem for key in live for problem in state_problems(
+            saved[key], live[key], f"{field}[{key!r}]")]
+    if type(saved) is not type(live):
+        return [f"{field}: {_kind(saved)}, this run's {_kind(live)}"]
+    if isinstance(live, (list, tuple)):
+        if len(saved) != len(live):
+            return [f"{field}: {len(saved)} entries, this run's {len(live)}"]
+        return [problem for index, (mine, theirs) in enumerate(zip(saved, live, strict=True))
+                for problem in state_problems(mine, theirs, f"{field}[{index}]")]
+    return []
+
+
 def optimizer_state_problems(saved: Mapping[str, Any], optimizer: torch.optim.Optimizer,
                              ) -> list[str]:
-    """Return what keeps an optimizer ``state_dict`` from fitting ``optimizer``: other group
-    sizes, or a per-parameter state tensor (``exp_avg``...) of another shape than its
-    parameter (first three); empty when it fits."""
-    groups = saved.get("param_groups", [])
-    if [len(g["params"]) for g in groups] != [len(g["params"]) for g in optimizer.param_groups]:
-        return ["optimizer: its parameter groups hold other parameters"]
-    shapes = {index: tuple(parameter.shape) for saved_group, group in zip(
-        groups, optimizer.param_groups, strict=True) for index, parameter in zip(
+    """Return what keeps an optimizer ``state_dict`` from fitting ``optimizer``: other groups
+    (parameters or settings, :func:`state_problems`), or a per-parameter state value that is
+    no number or tensor, or a tensor (``exp_avg``...) of another shape or dtype than its
+    parameter (``load_state_dict`` would cast it); empty when it fits."""
+    problems = state_problems(saved.get("param_groups"), optimizer.state_dict()["param_groups"],
+                              "optimizer['param_groups']")
+    if not isinstance(saved.get("state"), Mapping):
+        problems.append(f"optimizer['state']: {_kind(saved.get('state'))}, this run's a dict")
+    if problems:
+        return problems
+    parameters = {index: parameter for saved_group, group in zip(
+        saved["param_groups"], optimizer.param_groups, strict=True) for index, parameter in zip(
         saved_group["params"], group["params"], strict=True)}
-    problems = [f"optimizer: {key} of parameter {index} has shape {tuple(value.shape)}, the "
-                f"parameter {shapes.get(index)}"
-                for index, entry in saved.get("state", {}).items()
-                for key, value in entry.items()
-                if isinstance(value, torch.Tensor) and value.dim() > 0
-                and tuple(value.shape) != shapes.get(index)]
-    return problems[:3]
+    for index, entry in saved["state"].items():
+        parameter = parameters.get(index)
+        if parameter is None or not isinstance(entry, Mapping):
+            problems.append(f"optimizer: the state of parameter {index!r} is no parameter's "
+                            "dict of tensors")
+            continue
+        for key, value in entry.items():
+            if not isinstance(value, (torch.Tensor, int, float)) or isinstance(value, bool):
+                problems.append(f"optimizer: {key} of parameter {index} is {_kind(value)}, "
+                                "not a tensor or a number")
+            elif not isinstance(value, torch.Tensor) or value.dim() == 0:
+                continue  # a step count
+            elif value.shape != parameter.shape:
+                problems.append(f"optimizer: {key} of parameter {index} has shape "
+                                f"{tuple(value.shape)}, the parameter {tuple(parameter.shape)}")
+            elif value.dtype != parameter.dtype:
+                problems.append(f"optimizer: {key} of parameter {index} has dtype "
+                                f"{value.dtype}, the parameter {parameter.dtype}")
+    return problems
 
 
 def window_fingerprint(window: Sequence[Batch]) -> str:

@@ -32,13 +32,14 @@ from .checkpoints import (
     optimizer_state_problems,
     read_checkpoint,
     remove_stale_temporaries,
+    state_problems,
     window_fingerprint,
     write_checkpoint,
 )
 
 __all__ = ["Resumable"]
 
-FORMAT = 3  # 3: the trainer's own state_dict (history as rows), the model's beside it
+_FORMAT = 3  # 3: the trainer's own state_dict (history as rows), the model's beside it
 _END = object()
 
 
@@ -166,9 +167,6 @@ class Resumable:
                     "set_epoch; a custom shuffle needs its generator's state restored)")
             self._replay_fingerprint = None
 
-    def _remember_window(self, window: Sequence[Batch]) -> None:
-        self._last_window = window
-
     # ------------------------------------------------------------------------ state dicts
 
     def _module(self) -> torch.nn.Module:
@@ -207,7 +205,7 @@ class Resumable:
             dist.all_gather_object(ranks, own)
         model_state, optimizer_state = self._model_and_optimizer_state()
         return {
-            **trainer.state_dict(), "format": FORMAT, "model": model_state,
+            **trainer.state_dict(), "format": _FORMAT, "model": model_state,
             "optimizer": optimizer_state, "optimizer_kind": type(trainer.optimizer).__name__,
             "scheduler_kind": type(trainer.scheduler).__name__ if trainer.scheduler else None,
             "scheduler": trainer.scheduler.state_dict() if trainer.scheduler else None,
@@ -216,49 +214,66 @@ class Resumable:
         }
 
     def _check_state(self, state: Mapping[str, Any]) -> None:
-        """Raise a ValueError naming every mismatch between ``state`` and this run."""
-        trainer = self.trainer
-        if state.get("format") != FORMAT:
+        """Raise a ValueError naming every mismatch between ``state`` and this run: its kinds
+        and sizes, and every part's types, tensor dtypes and shapes against the live ones."""
+        if state.get("format") != _FORMAT:
             raise ValueError(f"checkpoint format is {state.get('format')!r}; this version of "
-                             f"gradaccum reads format {FORMAT}")
-        problems = []
-        for key, mine in (("accumulation_steps", trainer.accumulation_steps),
-                          ("world_size", trainer.world_size),
-                          ("optimizer_kind", type(trainer.optimizer).__name__),
-                          ("scheduler_kind", type(trainer.scheduler).__name__
-                           if trainer.scheduler else None),
-                          ("scaler", "a GradScaler" if trainer.scaler else None)):
-            theirs = state.get(key)
-            if key == "scaler":
-                theirs = "a GradScaler" if theirs is not None else None
-            if theirs != mine:
-                problems.append(f"{key}: checkpoint {theirs!r}, trainer {mine!r}")
-        expected = {name: tuple(t.shape) for name, t in self._module().state_dict().items()}
-        saved = {name: tuple(t.shape) for name, t in state["model"].items()}
-        if saved != expected:
-            missing = sorted(set(expected) - set(saved))[:5]
-            unknown = sorted(set(saved) - set(expected))[:5]
-            reshaped = [n for n in expected if n in saved and saved[n] != expected[n]][:5]
-            problems.append(f"model: another architecture (missing {missing}, unknown "
-                            f"{unknown}, different shapes {reshaped})")
-        if trainer.sync_kind != "fsdp2":  # FSDP2 saves full tensors for sharded parameters
-            problems += optimizer_state_problems(state["optimizer"], trainer.optimizer)
-        problems += [f"{flag}: checkpoint {state.get('run', {}).get(flag)!r}, this run {value!r}"
-                     for flag, value in (self.run or {}).items()
-                     if state.get("run", {}).get(flag) != value]
-        ranks, rank = state.get("ranks", []), trainer.rank
-        if len(ranks) != trainer.world_size:
-            problems.append(f"ranks: checkpoint has {len(ranks)} rank states")
-        elif not (isinstance(ranks[rank], Mapping) and isinstance(
-                ranks[rank].get("cpu_rng_state"), torch.Tensor)
-                and ranks[rank]["cpu_rng_state"].dtype == torch.uint8
-                and all(key in ranks[rank] for key in (
-                    "epoch_order_states", "sampler_epoch", "window_fingerprint"))):
-            problems.append(f"ranks: rank {rank}'s state is incomplete or not a generator "
-                            "state")
+                             f"gradaccum reads format {_FORMAT}")
+        trainer = self.trainer
+        problems = [f"{key}: checkpoint {theirs!r}, trainer {mine!r}"
+                    for key, theirs, mine in self._kinds(state) if theirs != mine]
+        problems += self._model_problems(state["model"])
+        problems += self._part_problems(state, {key for key, theirs, mine in self._kinds(state)
+                                                if theirs != mine})
+        run = state.get("run")
+        if not isinstance(run, Mapping):
+            problems.append(f"run: checkpoint {run!r}, not a dict of the run's flags")
+        else:
+            problems += [f"{flag}: checkpoint {run.get(flag)!r}, this run {value!r}"
+                         for flag, value in self.run.items() if run.get(flag) != value]
+        problems += _rank_problems(state.get("ranks"), trainer.rank, trainer.world_size)
         if problems:
             raise ValueError("checkpoint does not fit this trainer; nothing was restored: "
                              + "; ".join(problems))
+
+    def _kinds(self, state: Mapping[str, Any]) -> list[tuple[str, object, object]]:
+        """``(field, checkpoint's, this run's)`` for the sizes and kinds that must match."""
+        trainer = self.trainer
+        return [(key, state.get(key), mine) for key, mine in (
+            ("accumulation_steps", trainer.accumulation_steps),
+            ("world_size", trainer.world_size),
+            ("optimizer_kind", type(trainer.optimizer).__name__),
+            ("scheduler_kind", type(trainer.scheduler).__name__ if trainer.scheduler else None),
+        )] + [("scaler", "a GradScaler" if state.get("scaler") is not None else None,
+               "a GradScaler" if trainer.scaler else None)]
+
+    def _model_problems(self, saved: object) -> list[str]:
+        """Another architecture (names and shapes), else each tensor's type and dtype."""
+        live = self._module().state_dict()
+        if not isinstance(saved, Mapping):
+            return state_problems(saved, live, "model")
+        expected = {name: tuple(t.shape) for name, t in live.items()}
+        shapes = {name: tuple(getattr(t, "shape", ())) for name, t in saved.items()}
+        if shapes != expected:
+            missing = sorted(set(expected) - set(shapes))[:5]
+            unknown = sorted(set(shapes) - set(expected))[:5]
+            reshaped = [n for n in expected if n in shapes and shapes[n] != expected[n]][:5]
+            return [f"model: another architecture (missing {missing}, unknown {unknown}, "
+                    f"different shapes {reshaped})"]
+        return state_problems(saved, live, "model")[:5]
+
+    def _part_problems(self, state: Mapping[str, Any], mismatched: set[str]) -> list[str]:
+        """The optimizer's, the scheduler's and the scaler's states against the live ones
+        (a part whose kind already differs is not looked into)."""
+        trainer, problems = self.trainer, []
+        if not isinstance(state["optimizer"], Mapping):
+            problems += state_problems(state["optimizer"], {}, "optimizer")
+        elif trainer.sync_kind != "fsdp2" and "optimizer_kind" not in mismatched:
+            problems += optimizer_state_problems(state["optimizer"], trainer.optimizer)[:5]
+        for key, part in (("scheduler", trainer.scheduler), ("scaler", trainer.scaler)):
+            if part is not None and not mismatched & {key, f"{key}_kind"}:
+                problems += state_problems(state.get(key), part.state_dict(), key)[:5]
+        return problems
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned: everything, or (on any mismatch)
@@ -340,3 +355,33 @@ class Resumable:
             self.load_state_dict(state)
         except (ValueError, KeyError, TypeError) as error:
             raise CheckpointError(f"checkpoint {os.fspath(path)}: {error}") from error
+
+
+def _is_generator_state(value: object) -> bool:
+    return isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1
+
+
+def _rank_problems(ranks: object, rank: int, world_size: int) -> list[str]:
+    """What is wrong with this rank's saved generators and replay state."""
+    if not isinstance(ranks, list) or len(ranks) != world_size:
+        count = len(ranks) if isinstance(ranks, list) else ranks
+        return [f"ranks: checkpoint has {count!r} rank states"]
+    own = ranks[rank]
+    if not isinstance(own, Mapping) or any(key not in own for key in (
+            "cpu_rng_state", "epoch_order_states", "sampler_epoch", "window_fingerprint")):
+        return [f"ranks: rank {rank}'s state is incomplete"]
+    problems = [f"ranks: rank {rank}'s {key} is not a generator state (a uint8 tensor)"
+                for key in ("cpu_rng_state", "cuda_rng_state")
+                if key in own and not _is_generator_state(own[key])]
+    orders, epoch, fingerprint = (own["epoch_order_states"], own["sampler_epoch"],
+                                  own["window_fingerprint"])
+    if orders is not None and not (isinstance(orders, list)
+                                   and all(map(_is_generator_state, orders))):
+        problems.append(f"ranks: rank {rank}'s epoch_order_states is not a list of generator "
+                        "states or None")
+    if epoch is not None and type(epoch) is not int:
+        problems.append(f"ranks: rank {rank}'s sampler_epoch is {epoch!r}, not an int or None")
+    if fingerprint is not None and not isinstance(fingerprint, str):
+        problems.append(f"ranks: rank {rank}'s window_fingerprint is {fingerprint!r:.40}, "
+                        "not a SHA-256 or None")
+    return problems
