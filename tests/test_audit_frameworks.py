@@ -10,12 +10,14 @@ from gradaccum_lib.audits.frameworks import (
     WindowDataset,
     accelerate_step,
     bare_loop_step,
+    library_step,
+)
+from gradaccum_lib.audits.hf_trainer import (
+    hf_trainer_clipped_run,
     hf_trainer_step,
     hf_trainer_train_sampler,
-    library_step,
     summed_cross_entropy_over_window,
 )
-from gradaccum_lib.audits.hf_trainer import hf_trainer_clipped_run
 from gradaccum_lib.batches import concatenate_micro_batches
 from gradaccum_lib.equivalence import AuditResult, audit_update
 from gradaccum_lib.losses import bert_classification_loss

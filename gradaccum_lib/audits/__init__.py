@@ -1,3 +1,3 @@
 """Third-party accumulation loops held against the ground truth (``gradaccum_lib.equivalence``):
-🤗 Accelerate and the bare loops (``frameworks``), the 🤗 Trainer (``hf_trainer``) and
-PyTorch Lightning (``lightning``)."""
+the bare loop and 🤗 Accelerate (``frameworks``), the 🤗 Trainer (``hf_trainer``) and PyTorch
+Lightning (``lightning``)."""

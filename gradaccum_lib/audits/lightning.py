@@ -27,7 +27,7 @@ from ..equivalence import OptimizerFactory
 from ..runtime import check_positive_int
 from .frameworks import WindowDataset, model_mean_loss
 
-__all__ = ["LightningCounts", "lightning_fit", "lightning_step", "lightning_step_counts"]
+__all__ = ["LightningCounts", "lightning_step", "lightning_step_counts"]
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,10 @@ def _quiet() -> Iterator[None]:
             logger.setLevel(level)
 
 
-def lightning_fit(model: nn.Module, micro_batches: Sequence[Mapping[str, Tensor]],
-                  make_optimizer: OptimizerFactory, accumulation_steps: int, *,
-                  step_scheduler: bool = False) -> tuple[object, torch.optim.Optimizer, object]:
+def _lightning_fit(model: nn.Module, micro_batches: Sequence[Mapping[str, Tensor]],
+                   make_optimizer: OptimizerFactory, accumulation_steps: int, *,
+                   step_scheduler: bool = False,
+                   ) -> tuple[object, torch.optim.Optimizer, object]:
     """Fit ``model`` (trained in place) for one epoch over the micro-batches' samples, in
     order, with ``Trainer(accumulate_grad_batches=k)`` and a ``LightningModule`` returning
     ``model(**batch).loss``. With ``step_scheduler``, ``configure_optimizers`` also returns a
@@ -107,12 +108,12 @@ def lightning_fit(model: nn.Module, micro_batches: Sequence[Mapping[str, Tensor]
 
 def lightning_step(accumulation_steps: int):  # noqa: ANN201
     """Return a step function for :func:`~.equivalence.audit_update`: Lightning with
-    ``accumulate_grad_batches=k`` over the window's micro-batches (:func:`lightning_fit`)."""
+    ``accumulate_grad_batches=k`` over the window's micro-batches (:func:`_lightning_fit`)."""
     check_positive_int("accumulation_steps", accumulation_steps)
 
     def step(model: nn.Module, micro_batches: list, make_optimizer: OptimizerFactory) -> None:
         model.train()
-        lightning_fit(model, micro_batches, make_optimizer, accumulation_steps)
+        _lightning_fit(model, micro_batches, make_optimizer, accumulation_steps)
 
     return step
 
@@ -131,8 +132,8 @@ def lightning_step_counts(model: nn.Module, micro_batches: Sequence[Mapping[str,
         return optimizer
 
     model.train()
-    trainer, _, scheduler = lightning_fit(model, micro_batches, counting_optimizer,
-                                          accumulation_steps, step_scheduler=True)
+    trainer, _, scheduler = _lightning_fit(model, micro_batches, counting_optimizer,
+                                           accumulation_steps, step_scheduler=True)
     return LightningCounts(micro_batches=len(list(micro_batches)),
                            accumulation_steps=accumulation_steps, optimizer_steps=counted[0],
                            global_step=trainer.global_step, scheduler_steps=scheduler.last_epoch)

@@ -1,3 +1,3 @@
 """Notebook furniture: figures, returned and never saved (``plots``); sliders bound to pure
-functions (``widgets``); the exercises (``exercises``) and their checkers (``checkers``), which
-compute the truth with the library and answer with one line, never a traceback."""
+functions (``widgets``); the exercises and their checkers (``exercises``), which compute the
+truth with the library and answer with one line, never a traceback."""

@@ -11,127 +11,675 @@ checker cell, ``check_exercise("02.1", answer)``:
   expected in words, and a hint. IPython shows that message alone, without a traceback. In the
   Chinese edition all three are in Chinese.
 
-Every checker (in :mod:`gradaccum_lib.notebook.checkers` and
-:mod:`~gradaccum_lib.notebook.training_checkers`) computes the true answer itself, by
-running the library (the budget model, the engine, the ground truth, a real
-``DistributedSampler``, the real 🤗 ``Trainer``...), never from a stored value. The worked
-solutions live in ``notebooks/solutions/`` and are executed and checked by nbval in ``make
-test``, like the notebooks.
+The checkers follow, notebook by notebook, and the table of exercises (:data:`EXERCISES`) ends
+the file. ``checker(answer, **context)`` computes the true answer itself, by running the
+library (the budget model, the engine, the ground truth, a real ``DistributedSampler``, the
+audited frameworks, a pipeline schedule...), never from a stored value; it returns what it
+checked, the true value included, or raises :class:`WrongAnswer` with a hint that does not
+give the value away, in English and in Chinese (its ``zh``, from the same values, for the
+Chinese edition). The worked solutions live in ``notebooks/solutions/`` and are executed and
+checked by nbval in ``make test``, like the notebooks.
 """
 
 from __future__ import annotations
 
+import copy
+import math
 import os
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from numbers import Integral
 from pathlib import Path
 
-from .checkers import (
-    BERT_BASE_CHINESE,
-    GIB,
-    WrongAnswer,
-    adamw_state_gigabytes,
-    bert_base_parameters,
-    ddp_effective_batch,
-    decomposing_loss,
-    find_the_bug,
-    fit_a_gpu,
-    forgot_to_divide,
-    global_normaliser,
-    k_for_the_cluster,
-    mean_of_means_weight,
-)
-from .training_checkers import (
-    accelerate_partial_window,
-    allreduce_bytes,
-    engine_steps,
-    leftover_micro_batches,
-    pipeline_steps_ratio,
-    schedule_length,
-    sqrt_learning_rate,
-    steps_per_epoch,
-    trainer_factor,
-    window_load_balancing_loss,
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+from ..accumulation import AccumulationTrainer
+from ..audits.frameworks import accelerate_step
+from ..audits.hf_trainer import hf_trainer_step
+from ..batches import split_into_micro_batches, windows_of
+from ..equivalence import accumulated_gradients, audit_update, full_batch_gradients
+from ..gradients import max_gradient_difference
+from ..losses import bert_classification_loss, sample_classification_loss
+from ..measure.comm import CommCounter
+from ..measure.memory import memory_budget
+from ..measure.noise import scaled_learning_rate
+from ..measure.planning import accumulation_steps_for, max_micro_batch_size
+from ..workloads.models import (
+    ROBERTA_WWM_EXT_LARGE,
+    TokenTagger,
+    count_bert_parameters,
+    make_mlp,
+    make_tiny_bert,
 )
 
-# BERT_BASE_CHINESE and GIB: the notebooks' exercise cells import them from here
 __all__ = ["BERT_BASE_CHINESE", "EXERCISES", "EXPECTS_ZH", "GIB", "TITLES_ZH", "Exercise",
-           "WrongAnswer",
-           "check_exercise", "correct_message", "language", "no_answer_message", "wrong_message"]
+           "WrongAnswer", "check_exercise", "correct_message", "language", "no_answer_message"]
+
+GIB = 1024**3
+# bert-base-chinese's published configuration (its config.json on the Hugging Face Hub)
+BERT_BASE_CHINESE: dict[str, int] = {
+    "vocab_size": 21128, "hidden_size": 768, "num_hidden_layers": 12,
+    "num_attention_heads": 12, "intermediate_size": 3072, "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+}
+
+
+class WrongAnswer(AssertionError):
+    """A reader's answer that the checker computed to be wrong (the message says how).
+
+    IPython (a notebook's kernel) calls ``_render_traceback_`` instead of printing a traceback,
+    so a reader sees the message alone; plain Python prints it under the usual traceback.
+    ``zh``: the message in Chinese, where the checker gives one (the Chinese edition's hint);
+    ``str(error)`` stays the English message.
+    """
+
+    def __init__(self, message: str = "", *, zh: str | None = None) -> None:
+        super().__init__(message)
+        self.zh = zh
+
+    def _render_traceback_(self) -> list[str]:
+        return str(self).splitlines()
 
 
 @dataclass(frozen=True)
 class Exercise:
+    """One exercise: its title, the answer it expects in words, and its checker."""
+
     title: str
     expects: str  # the answer wanted, in words (never its value)
     checker: Callable[..., str]  # checker(answer, **context) -> what was checked; raises if wrong
 
 
+def check_exercise(exercise_id: str, answer: object, **context: object) -> None:
+    """Grade ``answer`` to exercise ``exercise_id`` (e.g. ``"02.1"``).
+
+    With ``answer`` None it says that there is no answer yet; with a right answer it prints
+    ``✓`` and the true value. Either way it returns None. A wrong answer raises
+    :class:`WrongAnswer`: ``✗``, the answer expected in words, and a hint. ``context`` passes
+    what an exercise needs from its notebook cell (01.1: ``loops={"A": ..., ...}``; 02.2:
+    ``loop=...``). In the Chinese edition (:func:`language`) the framing is in Chinese, and so
+    is the hint (the checker's ``WrongAnswer.zh``; its English one where it gives none); what a
+    checker says it checked, the true value included, stays as it says it.
+    """
+    if exercise_id not in EXERCISES:
+        raise KeyError(f"no exercise {exercise_id!r}; known: {sorted(EXERCISES)}")
+    lang = language()
+    if answer is None:
+        print(no_answer_message(exercise_id, lang))
+        return
+    try:
+        checked = EXERCISES[exercise_id].checker(answer, **context)
+    except WrongAnswer as wrong:  # one short message, not a chain of two tracebacks
+        hint = wrong.zh if lang == "zh" and wrong.zh else str(wrong)
+        raise WrongAnswer(_wrong_message(exercise_id, hint, lang)) from None
+    print(correct_message(exercise_id, checked, lang))
+
+
+def language() -> str:
+    """Return the language exercise feedback is given in: ``"zh"`` in a kernel started in the
+    Chinese edition (``notebooks/zh/`` or its ``solutions/``), else ``"en"``;
+    ``GRADACCUM_LANGUAGE=en|zh`` overrides."""
+    chosen = os.environ.get("GRADACCUM_LANGUAGE")
+    if chosen in ("en", "zh"):
+        return chosen
+    parts = Path.cwd().parts
+    return "zh" if "notebooks" in parts and "zh" in parts[parts.index("notebooks"):] else "en"
+
+
+def no_answer_message(exercise_id: str, lang: str = "en") -> str:
+    """Return what the checker says when ``answer`` is None."""
+    if lang == "zh":
+        return (f"练习 {exercise_id}（{TITLES_ZH.get(exercise_id, EXERCISES[exercise_id].title)}"
+                "）：还没有答案。在上面的单元格里设置 `answer`，再运行这个单元格；参考答案在 "
+                "notebooks/zh/solutions/。")
+    return (f"Exercise {exercise_id} ({EXERCISES[exercise_id].title}): no answer yet. Set "
+            "`answer` in the cell above and run this cell again; the solution is in "
+            "notebooks/solutions/.")
+
+
+def correct_message(exercise_id: str, checked: str, lang: str = "en") -> str:
+    """Return what the checker prints for a right answer (``checked``: what it checked, as the
+    checker says it)."""
+    if lang == "zh":
+        return f"✓ 练习 {exercise_id}：正确。{checked}"
+    return f"✓ Exercise {exercise_id}: correct. {checked}"
+
+
+def _wrong_message(exercise_id: str, hint: str, lang: str = "en") -> str:
+    """Return the three lines of a wrong answer: ✗, the answer expected, the hint."""
+    exercise = EXERCISES[exercise_id]
+    if lang == "zh":
+        return (f"✗ 练习 {exercise_id}（{TITLES_ZH.get(exercise_id, exercise.title)}）：还不对。\n"
+                f"应当给出：{EXPECTS_ZH.get(exercise_id, exercise.expects)}。\n提示：{hint}")
+    return (f"✗ Exercise {exercise_id} ({exercise.title}): not right yet.\n"
+            f"Expected: {exercise.expects}.\nHint: {hint}")
+
+
+# ---- the checkers, notebook by notebook ------------------------------------------------
+
+def _number(answer: object, label: str, label_zh: str) -> float:
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+        got = f"{type(answer).__name__} {answer!r}"
+        raise WrongAnswer(f"{label} must be a number; got {got}",
+                          zh=f"{label_zh}必须是一个数；实际得到的是 {got}")
+    return float(answer)
+
+
+def _require(condition: bool, message: str, *, zh: str) -> None:
+    """Raise :class:`WrongAnswer` with ``message`` and its Chinese ``zh`` unless ``condition``
+    (every hint has both: the Chinese edition shows ``zh``)."""
+    if not condition:
+        raise WrongAnswer(message, zh=zh)
+
+
+
+# ---- 00: the article ----------------------------------------------------------------------
+
+def _bert_base_parameters(answer: object) -> str:
+    millions = count_bert_parameters(BERT_BASE_CHINESE, num_labels=2) / 1e6
+    given = _number(answer, "answer (millions of parameters)", "answer（参数量，以百万计）")
+    _require(abs(given - millions) <= 1.0,
+             f"{given:g}M is not within 1M of the count; count the embeddings (vocabulary x "
+             "hidden), then 12 layers of attention (4 h x h) and feed-forward (2 h x 4h)",
+             zh=f"{given:g}M 与实际参数量相差超过 1M；先数嵌入层（词表大小 x 隐藏维度），"
+                "再数 12 层的注意力（4 h x h）和前馈层（2 h x 4h）")
+    return f"bert-base-chinese with a 2-class head has {millions:.2f}M parameters"
+
+
+def _ddp_effective_batch(answer: object) -> str:
+    micro, k, world = 32, 8, 8
+    seen = 0
+    for rank in range(world):  # what each rank's loader feeds into its first window
+        sampler = DistributedSampler(range(100_000), num_replicas=world, rank=rank,
+                                     shuffle=False)
+        loader = DataLoader(range(100_000), batch_size=micro, sampler=sampler)
+        seen += sum(len(batch) for batch in next(windows_of(loader, k)))
+    _require(_number(answer, "answer (samples)", "answer（样本数）") == seen,
+             f"{answer} is not it: under DDP every one of the {world} ranks runs the whole loop "
+             "on its own share of the data",
+             zh=f"{answer} 不对：在 DDP 下，{world} 个进程每个都在自己分到的那份数据上跑完整的"
+                "循环")
+    return (f"one optimizer step sees {seen} samples: {micro} per micro-batch x k={k} x "
+            f"{world} ranks")
+
+
+# ---- 01: the math -------------------------------------------------------------------------
+
+def _sgd_step_error(loop: Callable, accumulation_steps: int, seed: int) -> tuple[float, float]:
+    """Run ``loop(model, SGD(lr=1), micro_batches, k)`` for one window of a toy problem;
+    return the largest difference of its update from the large batch's step, and the ratio of
+    the two updates' norms."""
+    inputs = torch.randn(16, 5, generator=torch.Generator().manual_seed(seed),
+                         dtype=torch.float64)
+    labels = torch.arange(16) % 3
+    micro_batches = split_into_micro_batches((inputs, labels),
+                                             accumulation_steps=accumulation_steps)
+    model = make_mlp(5, 8, 3, seed=0)
+    truth = {name: -g for name, g in
+             full_batch_gradients(model, sample_classification_loss, (inputs, labels)).items()}
+    candidate = copy.deepcopy(model)
+    loop(candidate, torch.optim.SGD(candidate.parameters(), lr=1.0), micro_batches,
+         accumulation_steps)
+    before = dict(model.named_parameters())
+    update = {n: p.detach() - before[n].detach() for n, p in candidate.named_parameters()}
+    norm = (torch.cat([u.reshape(-1) for u in update.values()]).norm()
+            / torch.cat([t.reshape(-1) for t in truth.values()]).norm()).item()
+    return max_gradient_difference(update, truth), norm
+
+
+def _find_the_bug(answer: object, *, loops: Mapping[str, Callable]) -> str:
+    wrong = [name for name, loop in loops.items() if _sgd_step_error(loop, 4, 0)[0] > 1e-10]
+    _require(answer in loops, f"answer must be one of {sorted(loops)}; got {answer!r}",
+             zh=f"answer 必须是 {sorted(loops)} 之一；实际得到的是 {answer!r}")
+    _require([answer] == wrong, f"loop {answer} takes the large-batch step; look again",
+             zh=f"循环 {answer} 做的正是大批次的那次更新；再仔细看看")
+    return f"loop {answer} is the only one whose step differs from the large batch's"
+
+
+def _decomposing_loss(answer: object) -> str:
+    _require(callable(answer), "answer must be a loss function (model, batch) -> (sum, count)",
+             zh="answer 必须是一个损失函数 (model, batch) -> (求和损失, 计数)")
+    model = TokenTagger(20, 6, 4, seed=0)
+    generator = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(1, 20, (6, 9), generator=generator)
+    labels = torch.randint(0, 4, (6, 9), generator=generator)
+    for row, length in enumerate((9, 2, 5, 1, 7, 3)):  # very uneven real lengths
+        input_ids[row, length:], labels[row, length:] = 0, -100
+    batch = {"input_ids": input_ids, "labels": labels}
+    mask = labels != -100
+
+    def token_mean(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple:
+        logits = model(batch["input_ids"])
+        return nn.functional.cross_entropy(logits[mask], labels[mask]), 1
+
+    truth = full_batch_gradients(model, token_mean, batch)
+    micro = [{"input_ids": input_ids[i:i + 2], "labels": labels[i:i + 2]} for i in (0, 2, 4)]
+    error = max_gradient_difference(accumulated_gradients(model, answer, micro), truth)
+    tolerance = 1e-10
+    _require(error <= tolerance, f"accumulating your loss over 3 micro-batches is "
+                                 f"{error:.2e} away from the token mean of the whole batch",
+             zh=f"把你的损失在 3 个微批次上累积，结果与整个批次的 token 均值相差 {error:.2e}")
+    # the bound, not the error: a right answer's error is rounding noise (2.8e-17 on one CPU,
+    # 3.5e-17 on another), whose digits a committed output must not print
+    return (f"your loss decomposes: accumulated = whole-batch token mean to within "
+            f"{tolerance:.0e}")
+
+
+# ---- 02: one device -----------------------------------------------------------------------
+
+def _fit_a_gpu(answer: object) -> str:
+    _require(isinstance(answer, (tuple, list)) and len(answer) == 2
+             and all(isinstance(n, Integral) and not isinstance(n, bool) and n > 0
+                     for n in answer),
+             f"answer must be a pair of positive integers (micro_batch, k); got {answer!r}",
+             zh=f"answer 必须是一对正整数 (micro_batch, k)；实际得到的是 {answer!r}")
+    given_micro, given_k = (int(n) for n in answer)
+    device, reserve, per_sample = 16 * GIB, 1 * GIB, 1.1 * GIB
+    parameters = count_bert_parameters(BERT_BASE_CHINESE, num_labels=10)
+    state = memory_budget(parameters, optimizer="adamw", precision="fp32").total
+    micro = max_micro_batch_size(device, parameters, per_sample, optimizer="adamw",
+                                 precision="fp32", reserved_bytes=reserve)
+    k = accumulation_steps_for(256, micro)
+    if given_micro != micro:  # the micro-batch first; then whether k matches the reader's own
+        needed = (state + reserve + given_micro * per_sample) / GIB
+        hint = (f"micro-batch {given_micro} does not fit: its activations, the state (16 bytes "
+                f"per parameter, AdamW in fp32) and the reserve need {needed:.1f} GiB, more "
+                "than 16" if given_micro > micro else
+                f"micro-batch {given_micro} fits ({needed:.1f} GiB of 16) but is not the "
+                "largest: divide what the state (16 bytes per parameter) and the reserve leave "
+                "by the activations per sample")
+        hint_zh = (f"微批次 {given_micro} 放不下：它的激活值、状态（每个参数 16 字节，fp32 下的 "
+                   f"AdamW）和预留显存共需 {needed:.1f} GiB，超过 16 GiB" if given_micro > micro
+                   else f"微批次 {given_micro} 放得下（16 GiB 中用了 {needed:.1f} GiB），但不是"
+                   "最大的：用状态（每个参数 16 字节）和预留显存之外剩下的显存，除以每个样本的"
+                   "激活值")
+        k_hint, k_hint_zh = _k_hint(given_micro, given_k)
+        raise WrongAnswer(f"{hint}; {k_hint}", zh=f"{hint_zh}；{k_hint_zh}")
+    k_hint, k_hint_zh = _k_hint(micro, given_k)
+    _require(given_k == k, k_hint, zh=k_hint_zh)
+    return f"micro-batch {micro} fits, and k = {k} gives {micro * k} samples per step"
+
+
+def _k_hint(micro: int, k: int) -> tuple[str, str]:
+    """What is wrong with ``k`` for micro-batches of ``micro`` (02.1), in words: in English and
+    in Chinese."""
+    samples, smallest = micro * k, accumulation_steps_for(256, micro)
+    if k < smallest:
+        return (f"k={k} is too small for micro-batches of {micro}: {micro} x {k} = {samples} "
+                "< 256",
+                f"k={k} 对大小为 {micro} 的微批次太小：{micro} x {k} = {samples} < 256")
+    if k > smallest:
+        return (f"k={k} is more than micro-batches of {micro} need: {micro} x {k} = {samples}, "
+                "and a smaller k reaches 256 too",
+                f"k={k} 超出了大小为 {micro} 的微批次所需：{micro} x {k} = {samples}，更小的 k "
+                "也能达到 256")
+    return (f"k={k} would be right for micro-batches of {micro}: take the smallest k for the "
+            "micro-batch that fits",
+            f"k={k} 对大小为 {micro} 的微批次是对的：应当为放得下的那个微批次取最小的 k")
+
+
+def _forgot_to_divide(answer: object, *, loop: Callable) -> str:
+    _, ratio = _sgd_step_error(loop, 4, 2)
+    _require(abs(_number(answer, "answer (ratio)", "answer（比值）") - ratio) <= 1e-6 * ratio,
+             f"{answer} is not the measured ratio; each micro-batch's mean loss has the "
+             "large batch's scale already, and the loop adds k of them",
+             zh=f"{answer} 不是测得的比值；每个微批次的平均损失本身就已经是大批次损失的量级，"
+                "而循环把 k 个这样的损失加了起来")
+    return f"the update is {ratio:.6f} x the large batch's: k times too large"
+
+
+# ---- 03: tokens ---------------------------------------------------------------------------
+
+def _mean_of_means_weight(answer: object) -> str:
+    token_losses = torch.rand(40, dtype=torch.float64, requires_grad=True)
+    mean_of_means = (token_losses[:10].mean() + token_losses[10:].mean()) / 2
+    (mean_of_means_weights,) = torch.autograd.grad(mean_of_means, token_losses)
+    (true_weights,) = torch.autograd.grad(token_losses.mean(), token_losses)
+    ratio = (mean_of_means_weights[0] / true_weights[0]).item()
+    _require(abs(_number(answer, "answer (ratio)", "answer（比值）") - ratio) <= 1e-9,
+             f"{answer} is not the weight ratio; write both means as weights on each token",
+             zh=f"{answer} 不是权重之比；把两种均值都写成每个 token 上的权重")
+    return f"each token of the short micro-batch weighs {ratio:g} x its true weight"
+
+
+def _global_normaliser(answer: object) -> str:
+    counts = {0: (120, 40), 1: (80, 10)}
+    token_losses = torch.rand(sum(map(sum, counts.values())), dtype=torch.float64,
+                              requires_grad=True)
+    given = _number(answer, "answer (divisor)", "answer（除数）")
+    _require(given > 0, "a divisor must be positive", zh="除数必须为正")
+    per_rank, start = [], 0
+    for rank_counts in counts.values():  # each rank divides its own sum by the answer
+        size = sum(rank_counts)
+        per_rank.append(token_losses[start:start + size].sum() / given)
+        start += size
+    (ranks,) = torch.autograd.grad(sum(per_rank) / len(counts), token_losses)  # DDP averages
+    (truth,) = torch.autograd.grad(token_losses.mean(), token_losses)
+    _require(torch.allclose(ranks, truth, rtol=1e-12, atol=0),
+             f"dividing by {given:g} gives each token weight {ranks[0].item():.3g}, not "
+             f"{truth[0].item():.3g}; remember DDP averages the ranks' gradients",
+             zh=f"除以 {given:g} 时每个 token 的权重是 {ranks[0].item():.3g}，而不是 "
+                f"{truth[0].item():.3g}；别忘了 DDP 会对各进程的梯度取平均")
+    return (f"dividing by {given:g} = {sum(map(sum, counts.values()))} window tokens / "
+            f"{len(counts)} ranks on each rank, then DDP's average over ranks, gives every "
+            "token the weight of the window's token mean")
+
+
+# ---- 04: the case study -------------------------------------------------------------------
+
+def _k_for_the_cluster(answer: object) -> str:
+    k = accumulation_steps_for(256, 4, world_size=8)
+    _require(_number(answer, "answer (k)", "answer（k）") == k,
+             f"k={answer} gives {4 * 8 * answer} samples",
+             zh=f"k={answer} 给出的是 {4 * 8 * answer} 个样本")
+    return f"k = {k}: 4 per GPU x 8 GPUs x {k} = {4 * 8 * k} samples per optimizer step"
+
+
+def _adamw_state_gigabytes(answer: object) -> str:
+    parameters = count_bert_parameters(ROBERTA_WWM_EXT_LARGE, num_labels=10)
+    gigabytes = memory_budget(parameters, optimizer="adamw", precision="fp32").total / 1e9
+    given = _number(answer, "answer (GB)", "answer（GB）")
+    _require(abs(given - gigabytes) <= 0.1,
+             f"{given:g} GB is not within 0.1 GB of the state; k moves only the activations, "
+             "and fp32 weights, gradients and AdamW's two moments take 4 bytes each per parameter",
+             zh=f"{given:g} GB 与状态的大小相差超过 0.1 GB；k 只改变激活值，而 fp32 的权重、梯度"
+                "以及 AdamW 的一阶矩和二阶矩，每个参数各占 4 字节")
+    return (f"{parameters / 1e6:.1f}M parameters x 16 bytes = {gigabytes:.2f} GB per GPU, "
+            "at k = 16 as at k = 8")
+
+
+# ---- 04b: the framework audit ---------------------------------------------------------------
+
+def _tiny_bert_window(micro_batches: int) -> tuple[nn.Module, list[dict[str, torch.Tensor]]]:
+    model = make_tiny_bert(30, 2, hidden_size=16, num_layers=1, num_heads=2, max_length=16)
+    generator = torch.Generator().manual_seed(3)
+    return model, [{"input_ids": torch.randint(1, 30, (2, 8), generator=generator),
+                    "attention_mask": torch.ones(2, 8, dtype=torch.long),
+                    "labels": torch.randint(0, 2, (2,), generator=generator)}
+                   for _ in range(micro_batches)]
+
+
+def _trainer_factor(answer: object) -> str:
+    model, micro_batches = _tiny_bert_window(4)
+    result = audit_update(hf_trainer_step(4), model, bert_classification_loss, micro_batches,
+                          lambda parameters: torch.optim.SGD(parameters, lr=0.1))
+    _require(abs(_number(answer, "answer (ratio)", "answer（比值）") - result.norm_ratio) <= 1e-3,
+             f"{answer} is not the measured ratio; section 1 of notebook 04b audits the "
+             "🤗 Trainer against the ground truth",
+             zh=f"{answer} 不是测得的比值；笔记本 04b 第 1 节用基准真值审计了 🤗 Trainer")
+    return f"the Trainer's SGD update is {result.norm_ratio:.4f} x the true one"
+
+
+def _accelerate_partial_window(answer: object) -> str:
+    model, micro_batches = _tiny_bert_window(2)
+    result = audit_update(accelerate_step(4), model, bert_classification_loss, micro_batches,
+                          lambda parameters: torch.optim.SGD(parameters, lr=0.1))
+    _require(abs(_number(answer, "answer (ratio)", "answer（比值）") - result.norm_ratio) <= 1e-3,
+             f"{answer} is not the measured ratio; ask what `accelerator.backward` divides "
+             "each loss by, and how many micro-batches came",
+             zh=f"{answer} 不是测得的比值；想一想 `accelerator.backward` 把每个损失除以了多少，"
+                "而实际来了几个微批次")
+    return (f"Accelerate's SGD update on 2 of 4 micro-batches is {result.norm_ratio:.4f} x the "
+            "true one: each loss divided by 4, though 2 came")
+
+
+# ---- 05: DDP ------------------------------------------------------------------------------
+
+def _allreduce_bytes(answer: object) -> str:
+    model = make_mlp(10, 32, 4, seed=0)
+    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    with tempfile.TemporaryDirectory() as folder:
+        store = dist.FileStore(os.path.join(folder, "store"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        try:
+            ddp = DistributedDataParallel(model)
+            counter = CommCounter()
+            counter.register(ddp)
+            trainer = AccumulationTrainer(ddp, sample_classification_loss,
+                                          torch.optim.SGD(ddp.parameters(), lr=0.1),
+                                          accumulation_steps=4, progress=False)
+            inputs = torch.randn(48, 10, generator=torch.Generator().manual_seed(4),
+                                 dtype=torch.float64)
+            trainer.train_epoch(split_into_micro_batches((inputs, torch.arange(48) % 4),
+                                                        micro_batch_size=4))
+            sent = counter.take()["bytes"]
+        finally:
+            dist.destroy_process_group()
+    _require(_number(answer, "answer (bytes)", "answer（字节数）") == sent,
+             f"{answer} bytes is not what DDP handed to all-reduce; count the all-reduces "
+             "of an epoch (the engine syncs under no_sync) and the float64 gradient of each",
+             zh=f"{answer} 字节不是 DDP 交给全规约的字节数；数一数一个 epoch 里有几次全规约"
+                "（本库的引擎用 no_sync 控制梯度同步），以及每次全规约的 float64 梯度")
+    return (f"{sent} bytes = 3 windows x {parameter_bytes} bytes of gradients: one all-reduce "
+            "per window, whatever k")
+
+
+def _steps_per_epoch(answer: object) -> str:
+    steps = 0
+    sampler = DistributedSampler(range(50), num_replicas=2, rank=0, shuffle=False)
+    for _window in windows_of(DataLoader(range(50), batch_size=4, sampler=sampler), 2):
+        steps += 1
+    _require(_number(answer, "answer (optimizer steps)", "answer（优化器更新次数）") == steps,
+             f"{answer} is not the number of windows rank 0 sees; count its samples, then "
+             "its micro-batches, then windows of k (a partial last window steps too)",
+             zh=f"{answer} 不是 0 号进程看到的窗口数；先数它的样本，再数它的微批次，最后数 k 个"
+                "微批次一组的窗口（最后一个不满的窗口也会更新）")
+    return (f"rank 0 gets {len(sampler)} samples, {math.ceil(len(sampler) / 4)} micro-batches, "
+            f"{steps} windows: {steps} optimizer steps (the last window is partial)")
+
+
+# ---- 06: beyond ---------------------------------------------------------------------------
+
+def _sqrt_learning_rate(answer: object) -> str:
+    lr = scaled_learning_rate(2e-5, 32, 256, "sqrt")
+    _require(abs(_number(answer, "answer (learning rate)", "answer（学习率）") - lr) <= 1e-3 * lr,
+             f"{answer} is not the square-root rule's learning rate; it multiplies the rate "
+             "by the square root of the batch's growth",
+             zh=f"{answer} 不是平方根规则给出的学习率；这条规则把学习率乘以批大小增长倍数的"
+                "平方根")
+    return f"the square-root rule gives {lr:.4g} for an effective batch of 256"
+
+
+def _count_engine_steps(samples: int, micro_batch_size: int, epochs: int) -> tuple[int, int]:
+    """The engine's optimizer and scheduler steps over ``epochs`` of ``samples``, k = 4 (a
+    partial last window steps)."""
+    model = make_mlp(4, 6, 2, seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    trainer = AccumulationTrainer(model, sample_classification_loss, optimizer,
+                                  accumulation_steps=4, scheduler=scheduler, progress=False,
+                                  track_grad_norm=False)
+    inputs = torch.randn(samples, 4, generator=torch.Generator().manual_seed(5),
+                         dtype=torch.float64)
+    for _epoch in range(epochs):
+        trainer.train_epoch(split_into_micro_batches((inputs, torch.arange(samples) % 2),
+                                                    micro_batch_size=micro_batch_size))
+    return trainer.optimizer_steps, scheduler.last_epoch
+
+
+def _engine_steps(answer: object) -> str:
+    steps, scheduled = _count_engine_steps(20, 2, epochs=1)
+    _require(scheduled == steps, "the scheduler and optimizer counts disagree",
+             zh="学习率调度器与优化器的更新次数不一致")
+    _require(_number(answer, "answer (optimizer steps)", "answer（优化器更新次数）") == steps,
+             f"{answer} is not the number of optimizer steps the engine took; does the "
+             "partial last window step?",
+             zh=f"{answer} 不是本库的引擎做的优化器更新次数；最后一个不满的窗口会不会更新？")
+    return f"10 micro-batches with k = 4: {steps} optimizer and scheduler steps"
+
+
+# ---- 07: the interviewer's follow-ups -----------------------------------------------------
+
+def _leftover_micro_batches(answer: object) -> str:
+    # the exercise's loop, counted: 11 micro-batches an epoch, a step when (index + 1) % 4 == 0
+    # with index from each epoch's start, the gradients zeroed only after a step
+    held, pending = [], 0  # micro-batches added up in each optimizer step; in .grad now
+    for _epoch in range(2):
+        for index in range(11):
+            pending += 1  # a backward adds this micro-batch's gradient
+            if (index + 1) % 4 == 0:
+                held.append(pending)
+                pending = 0  # step, then zero_grad
+    first_of_epoch_2 = held[11 // 4]
+    _require(_number(answer, "answer (micro-batches)", "answer（微批次数）") == first_of_epoch_2,
+             f"{answer} is not what that step adds up; count what is still in the gradients "
+             "when the first epoch ends",
+             zh=f"{answer} 不是那次更新累加的微批次数；数一数第一个 epoch 结束时梯度里还留着"
+                "什么")
+    return (f"the first step of epoch 2 adds up {first_of_epoch_2} micro-batches: "
+            f"{11 % 4} left over from epoch 1 and 4 of its own")
+
+
+def _schedule_length(answer: object) -> str:
+    steps, _ = _count_engine_steps(1000, 8, epochs=3)
+    _require(_number(answer, "answer (schedule steps)", "answer（调度步数）") == steps,
+             f"{answer} steps is not the optimizer steps the engine takes; count the windows "
+             "of one epoch (its partial one steps too), then multiply by the epochs",
+             zh=f"{answer} 步不是本库的引擎做的优化器更新次数；先数一个 epoch 的窗口数"
+                "（其中不满的那个也会更新），再乘以 epoch 数")
+    return (f"3 epochs of {math.ceil(1000 / 8)} micro-batches with k = 4: {steps} optimizer "
+            f"steps, so a schedule {steps} steps long")
+
+
+# ---- 08: the interviewer's follow-ups, 2026 -----------------------------------------------
+
+def _two_schedule_steps() -> tuple[float, float]:
+    """(a, b) with a g1 + b g2 the gradient after two GPipe steps of 4 micro-batches (mean
+    losses, scale_grads=True) without zeroing in between; g1, g2: each step's gradient alone.
+    One stage on a one-process gloo group."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    model = make_mlp(6, 8, 3, seed=0)
+    inputs = torch.randn(16, 6, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    labels = torch.arange(16) % 3
+
+    def schedule_step(window: slice) -> None:
+        stage = PipelineStage(model, 0, 1, torch.device("cpu"))
+        ScheduleGPipe(stage, n_microbatches=4, loss_fn=nn.functional.cross_entropy).step(
+            inputs[window], target=labels[window])
+
+    gradients = []
+    with tempfile.TemporaryDirectory() as folder:
+        store = dist.FileStore(os.path.join(folder, "store"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        try:
+            for windows in ([slice(0, 8)], [slice(8, 16)], [slice(0, 8), slice(8, 16)]):
+                model.zero_grad()
+                for window in windows:
+                    schedule_step(window)
+                gradients.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        finally:
+            dist.destroy_process_group()
+    first, second, both = gradients
+    a, b = torch.linalg.lstsq(torch.stack([first, second], dim=1),
+                              both[:, None]).solution[:, 0].tolist()
+    return a, b
+
+
+def _pipeline_steps_ratio(answer: object) -> str:
+    a, b = _two_schedule_steps()
+    _require(abs(_number(answer, "answer (a / b)", "answer（a / b）") - a / b) <= 1e-3,
+             f"{answer} is not a / b; ask what scale_grads divides at the end of each step: "
+             "only what that step added, or everything in .grad?",
+             zh=f"{answer} 不是 a / b；想一想 scale_grads 在每次更新结束时除的是什么：只是这次"
+                "更新新加进来的梯度，还是 .grad 里的全部？")
+    return (f"after two schedule steps the gradient is {a:.3f} g1 + {b:.3f} g2: a / b = "
+            f"{a / b:.3f}, the first window divided by 4 twice")
+
+
+def _window_load_balancing_loss(answer: object) -> str:
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    probabilities = {"A": [0.75, 0.25], "B": [0.25, 0.75]}  # 4 tokens each, top-1 of 2 experts
+    logits = {name: torch.tensor([p], dtype=torch.float64).log().expand(4, 2)
+              for name, p in probabilities.items()}
+
+    def loss(*names: str) -> float:  # transformers' Qwen3-MoE load-balancing loss
+        return load_balancing_loss_func((torch.cat([logits[name] for name in names]),),
+                                        num_experts=2, top_k=1).item()
+
+    window, each = loss("A", "B"), loss("A")
+    _require(abs(_number(answer, "answer (loss)", "answer（损失）") - window) <= 1e-6,
+             f"{answer} is not the window's loss ({each:g} is each micro-batch's own); compute "
+             "f and P as means over all 8 tokens of the window, then the loss",
+             zh=f"{answer} 不是窗口的损失（{each:g} 是每个微批次各自的损失）；先在窗口的全部 "
+                "8 个 token 上把 f 和 P 求成均值，再算损失")
+    return (f"the window routes half its tokens to each expert, with mean probabilities "
+            f"(0.5, 0.5): loss {window:.3f}, where each micro-batch's own is {each:.3f}")
+
+
+# ---- the exercises --------------------------------------------------------------------
+
 EXERCISES: dict[str, Exercise] = {
     "00.1": Exercise("parameters of bert-base-chinese, in millions",
                      "the parameters of bert-base-chinese with a 2-class head, in millions (±1M)",
-                     bert_base_parameters),
+                     _bert_base_parameters),
     "00.2": Exercise("samples per optimizer step under DDP",
                      "the samples in one optimizer step: micro-batches of 32, k = 8, 8 DDP ranks",
-                     ddp_effective_batch),
+                     _ddp_effective_batch),
     "01.1": Exercise("find the loop whose step is wrong",
                      'the name of the loop whose step is not the large batch\'s, "A" or "B"',
-                     find_the_bug),
+                     _find_the_bug),
     "01.2": Exercise("make a token loss decompose",
                      "a loss function (model, batch) -> (summed loss, number of real tokens) "
-                     "that accumulates to the whole batch's token mean", decomposing_loss),
+                     "that accumulates to the whole batch's token mean", _decomposing_loss),
     "02.1": Exercise("the micro-batch and k for a 16 GiB GPU",
                      "a pair (micro_batch, k): the largest micro-batch that fits, and the "
-                     "smallest k reaching 256 samples", fit_a_gpu),
+                     "smallest k reaching 256 samples", _fit_a_gpu),
     "02.2": Exercise("the update of a loop that never divides by k",
                      "a number: how many times the large batch's update the loop's update is",
-                     forgot_to_divide),
+                     _forgot_to_divide),
     "03.1": Exercise("a token's weight in the mean of micro-batch means",
                      "a number: a short micro-batch token's weight in the mean of micro-batch "
-                     "means, over its weight in the window's token mean", mean_of_means_weight),
+                     "means, over its weight in the window's token mean", _mean_of_means_weight),
     "03.2": Exercise("the divisor on each DDP rank",
                      "the number each rank divides its summed token loss by, so that DDP's "
-                     "average is the window's token mean", global_normaliser),
+                     "average is the window's token mean", _global_normaliser),
     "04.1": Exercise("k for 256 samples on 8 GPUs",
                      "the smallest k with 4 per GPU x 8 GPUs x k >= 256 samples",
-                     k_for_the_cluster),
+                     _k_for_the_cluster),
     "04.2": Exercise("the state that k does not shrink",
                      "a number: GB (1e9 bytes) of fp32 weights, gradients and AdamW state per "
                      "GPU for RoBERTa-wwm-ext-large with a 10-class head, at k = 16",
-                     adamw_state_gigabytes),
+                     _adamw_state_gigabytes),
     "04b.1": Exercise("the 🤗 Trainer's update against the truth",
                       "a number: how many times the true update the Trainer's SGD update is",
-                      trainer_factor),
+                      _trainer_factor),
     "04b.2": Exercise("Accelerate on a partial last window",
                       "a number: how many times the true update Accelerate's SGD update is, "
-                      "on a window of 2 micro-batches with k = 4", accelerate_partial_window),
+                      "on a window of 2 micro-batches with k = 4", _accelerate_partial_window),
     "05.1": Exercise("bytes DDP all-reduces in an epoch",
                      "the bytes of gradients DDP hands to all-reduce on one rank over the epoch",
-                     allreduce_bytes),
+                     _allreduce_bytes),
     "05.2": Exercise("optimizer steps per epoch under DistributedSampler",
                      "the optimizer steps of one epoch: 50 samples, 2 ranks, micro-batches of 4, "
-                     "k = 2", steps_per_epoch),
+                     "k = 2", _steps_per_epoch),
     "06.1": Exercise("the square-root learning-rate rule",
                      "the square-root rule's learning rate for a batch of 256, from 2e-5 at 32",
-                     sqrt_learning_rate),
+                     _sqrt_learning_rate),
     "06.2": Exercise("optimizer steps for an epoch with a partial window",
                      "the optimizer (and scheduler) steps of 10 micro-batches with k = 4",
-                     engine_steps),
+                     _engine_steps),
     "07.1": Exercise("micro-batches in the first step of an epoch",
                      "a number: how many micro-batches' gradients the first optimizer step of "
                      "the second epoch adds up (11 micro-batches an epoch, k = 4, counted from "
-                     "each epoch's start)", leftover_micro_batches),
+                     "each epoch's start)", _leftover_micro_batches),
     "07.2": Exercise("the length of a learning-rate schedule",
                      "a number: the optimizer steps of 3 epochs of 1,000 samples in "
-                     "micro-batches of 8 with k = 4, partial windows stepped", schedule_length),
+                     "micro-batches of 8 with k = 4, partial windows stepped", _schedule_length),
     "08.1": Exercise("two pipeline schedule steps without zeroing",
                      "a number: a / b, where a g1 + b g2 is the gradient after two GPipe steps "
                      "of 4 micro-batches (mean losses, scale_grads=True) with no zero_grad "
-                     "between them", pipeline_steps_ratio),
+                     "between them", _pipeline_steps_ratio),
     "08.2": Exercise("the load-balancing loss of a window",
                      "a number: the window's load-balancing loss 2 sum_e f_e P_e from the "
                      "window's token shares and mean probabilities, over both micro-batches",
-                     window_load_balancing_loss),
+                     _window_load_balancing_loss),
 }
 
 
@@ -190,68 +738,3 @@ EXPECTS_ZH: dict[str, str] = {
     "08.2": "一个数：由窗口的 token 占比和平均概率算出的、覆盖两个微批次的"
             "窗口负载均衡损失 2 sum_e f_e P_e",
 }
-
-
-def language() -> str:
-    """Return the language exercise feedback is given in: ``"zh"`` in a kernel started in the
-    Chinese edition (``notebooks/zh/`` or its ``solutions/``), else ``"en"``;
-    ``GRADACCUM_LANGUAGE=en|zh`` overrides."""
-    chosen = os.environ.get("GRADACCUM_LANGUAGE")
-    if chosen in ("en", "zh"):
-        return chosen
-    parts = Path.cwd().parts
-    return "zh" if "notebooks" in parts and "zh" in parts[parts.index("notebooks"):] else "en"
-
-
-def no_answer_message(exercise_id: str, lang: str = "en") -> str:
-    """Return what the checker says when ``answer`` is None."""
-    if lang == "zh":
-        return (f"练习 {exercise_id}（{TITLES_ZH.get(exercise_id, EXERCISES[exercise_id].title)}"
-                "）：还没有答案。在上面的单元格里设置 `answer`，再运行这个单元格；参考答案在 "
-                "notebooks/zh/solutions/。")
-    return (f"Exercise {exercise_id} ({EXERCISES[exercise_id].title}): no answer yet. Set "
-            "`answer` in the cell above and run this cell again; the solution is in "
-            "notebooks/solutions/.")
-
-
-def correct_message(exercise_id: str, checked: str, lang: str = "en") -> str:
-    """Return what the checker prints for a right answer (``checked``: what it checked, as the
-    checker says it)."""
-    if lang == "zh":
-        return f"✓ 练习 {exercise_id}：正确。{checked}"
-    return f"✓ Exercise {exercise_id}: correct. {checked}"
-
-
-def wrong_message(exercise_id: str, hint: str, lang: str = "en") -> str:
-    """Return the three lines of a wrong answer: ✗, the answer expected, the hint."""
-    exercise = EXERCISES[exercise_id]
-    if lang == "zh":
-        return (f"✗ 练习 {exercise_id}（{TITLES_ZH.get(exercise_id, exercise.title)}）：还不对。\n"
-                f"应当给出：{EXPECTS_ZH.get(exercise_id, exercise.expects)}。\n提示：{hint}")
-    return (f"✗ Exercise {exercise_id} ({exercise.title}): not right yet.\n"
-            f"Expected: {exercise.expects}.\nHint: {hint}")
-
-
-def check_exercise(exercise_id: str, answer: object, **context: object) -> None:
-    """Grade ``answer`` to exercise ``exercise_id`` (e.g. ``"02.1"``).
-
-    With ``answer`` None it says that there is no answer yet; with a right answer it prints
-    ``✓`` and the true value. Either way it returns None. A wrong answer raises
-    :class:`WrongAnswer`: ``✗``, the answer expected in words, and a hint. ``context`` passes
-    what an exercise needs from its notebook cell (01.1: ``loops={"A": ..., ...}``; 02.2:
-    ``loop=...``). In the Chinese edition (:func:`language`) the framing is in Chinese, and so
-    is the hint (the checker's ``WrongAnswer.zh``; its English one where it gives none); what a
-    checker says it checked, the true value included, stays as it says it.
-    """
-    if exercise_id not in EXERCISES:
-        raise KeyError(f"no exercise {exercise_id!r}; known: {sorted(EXERCISES)}")
-    lang = language()
-    if answer is None:
-        print(no_answer_message(exercise_id, lang))
-        return
-    try:
-        checked = EXERCISES[exercise_id].checker(answer, **context)
-    except WrongAnswer as wrong:  # one short message, not a chain of two tracebacks
-        hint = wrong.zh if lang == "zh" and wrong.zh else str(wrong)
-        raise WrongAnswer(wrong_message(exercise_id, hint, lang)) from None
-    print(correct_message(exercise_id, checked, lang))

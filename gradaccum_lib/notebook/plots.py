@@ -10,6 +10,7 @@ from ..measure.memory import MemoryBreakdown
 from ..measure.planning import AccumulationPlan, ClusterPlan, DdpStepModel
 
 __all__ = [
+    "MIB",
     "plot_accumulation_plan",
     "plot_cluster_plan",
     "plot_curves",
@@ -18,9 +19,9 @@ __all__ = [
     "plot_memory_breakdown",
 ]
 
-MIB = 2**20
-PARTS = ("parameters", "gradients", "optimizer_state", "master_weights", "ddp_buckets",
-         "activations")
+MIB = 2**20  # the figures' unit of memory
+_PARTS = ("parameters", "gradients", "optimizer_state", "master_weights", "ddp_buckets",
+          "activations")
 
 
 def plot_errors(
@@ -71,7 +72,7 @@ def plot_errors(
 def _stacked_memory_bars(axes, breakdowns: Mapping[str, MemoryBreakdown]) -> None:
     labels = list(breakdowns)
     bottoms = [0.0] * len(labels)
-    for part in PARTS:
+    for part in _PARTS:
         heights = [getattr(breakdowns[label], part) / MIB for label in labels]
         if not any(heights):
             continue
@@ -149,7 +150,7 @@ def plot_cluster_plan(plan: ClusterPlan) -> Figure:
     figure = Figure(figsize=(4.8, 3.6), layout="constrained")
     axes = figure.subplots()
     bottom = 0.0
-    for part in (*PARTS, "reserved"):
+    for part in (*_PARTS, "reserved"):
         value = plan.reserved_bytes if part == "reserved" else getattr(plan.memory, part)
         if value:
             axes.bar(["one device"], [value / 2**30], bottom=[bottom], label=part.replace("_", " "))

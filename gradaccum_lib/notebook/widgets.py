@@ -41,13 +41,19 @@ __all__ = [
 
 # a slider's track spans most of the notebook's width (ipywidgets' default is ~60 px of track
 # for a long description), so a 1-256 range can be set with a mouse
-SLIDER_WIDTH = "95%"
-SLIDER_MAX_WIDTH = "760px"
-SLIDER_STYLE = {"description_width": "initial"}
+_SLIDER_WIDTH = "95%"
+_SLIDER_MAX_WIDTH = "760px"
+_SLIDER_STYLE = {"description_width": "initial"}
 
 
 def _slider_layout() -> widgets.Layout:
-    return widgets.Layout(width=SLIDER_WIDTH, max_width=SLIDER_MAX_WIDTH)
+    return widgets.Layout(width=_SLIDER_WIDTH, max_width=_SLIDER_MAX_WIDTH)
+
+
+def _int_slider(value: int, low: int, high: int, description: str) -> widgets.IntSlider:
+    return widgets.IntSlider(value=value, min=low, max=high, description=description,
+                             continuous_update=False, style=_SLIDER_STYLE,
+                             layout=_slider_layout())
 
 
 def _check_kind(label: str, value: object, kind: type, hint: str) -> None:
@@ -61,16 +67,16 @@ def _check_slider(label: str, value: object, high: object, high_label: str) -> N
     check_int(label, value, low=1, high=high)
 
 
-# A redrawn figure is shown at its own size, CSS_DPI CSS pixels to the inch (a browser's 96: a
-# 10-point label shows at 13 CSS pixels, like the notebook's text), from a PNG of PIXEL_RATIO
+# A redrawn figure is shown at its own size, _CSS_DPI CSS pixels to the inch (a browser's 96: a
+# 10-point label shows at 13 CSS pixels, like the notebook's text), from a PNG of _PIXEL_RATIO
 # image pixels per CSS pixel, so that a high-density screen (devicePixelRatio 2) shows it as
 # sharp as text. Without a width, an Image in a VBox is stretched to the output's width (a flex
 # column stretches its children): notebook 05's 360 x 306 PNG was shown at 964 x 819, blurred.
-CSS_DPI = 96
-PIXEL_RATIO = 2
+_CSS_DPI = 96
+_PIXEL_RATIO = 2
 
 
-def figure_png(figure: Figure, *, dpi: float = PIXEL_RATIO * CSS_DPI) -> bytes:
+def figure_png(figure: Figure, *, dpi: float = _PIXEL_RATIO * _CSS_DPI) -> bytes:
     """Return ``figure`` rendered as PNG bytes at ``dpi`` (in memory; no file is written)."""
     _check_kind("figure", figure, Figure, "e.g. from gradaccum_lib.notebook.plots")
     buffer = io.BytesIO()
@@ -85,12 +91,12 @@ def _figure_area() -> widgets.Image:
 
 
 def show_figure(area: widgets.Image, figure: Figure) -> None:
-    """Show ``figure`` in ``area`` at its size in CSS pixels (figure inches x CSS_DPI), from a
-    PNG with PIXEL_RATIO times as many pixels each way; the image and its size reach the front
+    """Show ``figure`` in ``area`` at its size in CSS pixels (figure inches x _CSS_DPI), from a
+    PNG with _PIXEL_RATIO times as many pixels each way; the image and its size reach the front
     end in one message."""
     png = figure_png(figure)
-    # the PNG header's size, rounded down: at least PIXEL_RATIO image pixels per CSS pixel
-    width, height = (int.from_bytes(png[at:at + 4], "big") // PIXEL_RATIO for at in (16, 20))
+    # the PNG header's size, rounded down: at least _PIXEL_RATIO image pixels per CSS pixel
+    width, height = (int.from_bytes(png[at:at + 4], "big") // _PIXEL_RATIO for at in (16, 20))
     with area.hold_sync():
         area.value, area.width, area.height = png, str(width), str(height)
 
@@ -129,12 +135,8 @@ def accumulation_explorer(
                   "max_accumulation_steps")
     _check_slider("micro_batch_size", micro_batch_size, max_micro_batch_size,
                   "max_micro_batch_size")
-    steps = widgets.IntSlider(value=accumulation_steps, min=1, max=max_accumulation_steps,
-                              description="accumulation steps k", continuous_update=False,
-                              style=SLIDER_STYLE, layout=_slider_layout())
-    size = widgets.IntSlider(value=micro_batch_size, min=1, max=max_micro_batch_size,
-                             description="micro-batch size", continuous_update=False,
-                             style=SLIDER_STYLE, layout=_slider_layout())
+    steps = _int_slider(accumulation_steps, 1, max_accumulation_steps, "accumulation steps k")
+    size = _int_slider(micro_batch_size, 1, max_micro_batch_size, "micro-batch size")
     summary = widgets.Label()
     figure_area = _figure_area()
 
@@ -166,6 +168,14 @@ def describe_cluster_plan(plan: ClusterPlan) -> str:
             f" of {plan.device_bytes / 2**30:.0f} GiB: {verdict}")
 
 
+# the cluster explorer's sliders: (plan_cluster's argument, lowest, highest, description)
+_CLUSTER_SLIDERS = (("num_layers", 1, 96, "layers (model size)"),
+                    ("sequence_length", 32, 2048, "sequence length"),
+                    ("world_size", 1, 64, "GPUs"),
+                    ("micro_batch_size", 1, 64, "micro-batch"),
+                    ("accumulation_steps", 1, 64, "accumulation steps k"))
+
+
 def cluster_explorer(
     shapes: dict[str, tuple[TransformerShape, Precision]],
     *,
@@ -181,6 +191,37 @@ def cluster_explorer(
     :func:`plan_cluster`, with a summary line and a per-device memory figure. ``shapes`` maps
     each precision choice shown to the shape measured in it and its memory layout.
     """
+    values = {"num_layers": num_layers, "sequence_length": sequence_length,
+              "world_size": world_size, "micro_batch_size": micro_batch_size,
+              "accumulation_steps": accumulation_steps}
+    _check_cluster_arguments(shapes, values, device_bytes, reserved_bytes)
+    sliders = {name: _int_slider(values[name], low, high, description)
+               for name, low, high, description in _CLUSTER_SLIDERS}
+    precision = widgets.Dropdown(options=list(shapes), value=next(iter(shapes)),
+                                 description="precision")
+    summary = widgets.Label()
+    figure_area = _figure_area()
+
+    def redraw(_change: object = None) -> None:
+        shape, layout = shapes[precision.value]
+        plan = plan_cluster(shape, **{name: slider.value for name, slider in sliders.items()},
+                            device_bytes=device_bytes, reserved_bytes=reserved_bytes,
+                            precision=layout)
+        summary.value = (f"{shape.num_parameters(sliders['num_layers'].value) / 1e6:.0f}M "
+                         "parameters, " + describe_cluster_plan(plan))
+        show_figure(figure_area, plot_cluster_plan(plan))
+
+    controls = [*sliders.values(), precision]
+    for control in controls:
+        control.observe(redraw, names="value")
+    redraw()
+    return widgets.VBox([*controls, summary, figure_area])
+
+
+def _check_cluster_arguments(shapes: object, values: dict[str, object], device_bytes: object,
+                             reserved_bytes: object) -> None:
+    """:func:`cluster_explorer`'s arguments: ``shapes`` a non-empty dict of pairs, each slider's
+    start value inside its range (a slider would silently clamp it), the two byte counts."""
     if not isinstance(shapes, dict) or not shapes:
         raise ValueError("shapes must be a non-empty dict of name -> (TransformerShape, "
                          f"precision); got {shapes!r:.80}")
@@ -189,43 +230,10 @@ def cluster_explorer(
                 and isinstance(entry[0], TransformerShape) and isinstance(entry[1], str)):
             raise TypeError(f"shapes[{name!r}] must be a pair (TransformerShape, precision); "
                             f"got {type(entry).__name__}")
-    for label, value, low, high in (("num_layers", num_layers, 1, 96),
-                                    ("sequence_length", sequence_length, 32, 2048),
-                                    ("world_size", world_size, 1, 64),
-                                    ("micro_batch_size", micro_batch_size, 1, 64),
-                                    ("accumulation_steps", accumulation_steps, 1, 64)):
-        check_int(label, value, low=low, high=high)  # the slider's range
+    for name, low, high, _ in _CLUSTER_SLIDERS:
+        check_int(name, values[name], low=low, high=high)
     check_number("device_bytes", device_bytes, low=0, low_open=True)
     check_number("reserved_bytes", reserved_bytes, low=0)
-    def slider(value: int, low: int, high: int, description: str) -> widgets.IntSlider:
-        return widgets.IntSlider(value=value, min=low, max=high, description=description,
-                                 continuous_update=False, style=SLIDER_STYLE,
-                                layout=_slider_layout())
-
-    layers = slider(num_layers, 1, 96, "layers (model size)")
-    length = slider(sequence_length, 32, 2048, "sequence length")
-    devices = slider(world_size, 1, 64, "GPUs")
-    micro = slider(micro_batch_size, 1, 64, "micro-batch")
-    steps = slider(accumulation_steps, 1, 64, "accumulation steps k")
-    precision = widgets.Dropdown(options=list(shapes), value=next(iter(shapes)),
-                                 description="precision")
-    summary = widgets.Label()
-    figure_area = _figure_area()
-
-    def redraw(_change: object = None) -> None:
-        shape, layout = shapes[precision.value]
-        plan = plan_cluster(shape, num_layers=layers.value, sequence_length=length.value,
-                            micro_batch_size=micro.value, accumulation_steps=steps.value,
-                            world_size=devices.value, device_bytes=device_bytes,
-                            reserved_bytes=reserved_bytes, precision=layout)
-        summary.value = (f"{shape.num_parameters(layers.value) / 1e6:.0f}M parameters, "
-                         + describe_cluster_plan(plan))
-        show_figure(figure_area, plot_cluster_plan(plan))
-
-    for control in (layers, length, devices, micro, steps, precision):
-        control.observe(redraw, names="value")
-    redraw()
-    return widgets.VBox([layers, length, devices, micro, steps, precision, summary, figure_area])
 
 
 def describe_ddp_step(model: DdpStepModel, accumulation_steps: int) -> str:
@@ -252,12 +260,10 @@ def ddp_time_explorer(
     check_number("comm_share", comm_share, low=0, high=0.95)  # the slider's range
     _check_slider("accumulation_steps", accumulation_steps, max_accumulation_steps,
                   "max_accumulation_steps")
-    steps = widgets.IntSlider(value=accumulation_steps, min=1, max=max_accumulation_steps,
-                              description="accumulation steps k", continuous_update=False,
-                              style=SLIDER_STYLE, layout=_slider_layout())
+    steps = _int_slider(accumulation_steps, 1, max_accumulation_steps, "accumulation steps k")
     share = widgets.FloatSlider(value=comm_share, min=0.0, max=0.95, step=0.05,
                                 description="communication share at k=1",
-                                continuous_update=False, style=SLIDER_STYLE,
+                                continuous_update=False, style=_SLIDER_STYLE,
                                 layout=_slider_layout())
     summary = widgets.Label()
     figure_area = _figure_area()
@@ -302,7 +308,7 @@ def learning_rate_explorer(base_lr: float, base_batch: int, batches: list[int],
     describe_learning_rates(base_lr, base_batch, base_batch, measured)  # checks the rest
     slider = widgets.SelectionSlider(options=batches, value=base_batch,
                                      description="effective batch", continuous_update=False,
-                                     style=SLIDER_STYLE, layout=_slider_layout())
+                                     style=_SLIDER_STYLE, layout=_slider_layout())
     summary = widgets.Label()
 
     def redraw(_change: object = None) -> None:
