@@ -62,11 +62,36 @@ def test_sync_once_per_window_vs_every_micro_step(window_run):
     assert every["bytes_per_step"] / window_run["bytes_per_step"] == 4
 
 
-def test_sync_flag_after_forward_diverges_and_the_check_catches_it():
-    trapped = launch("gradaccum_lib.jobs.ddp", [*BASE, "--trap", "sync-after-forward"],
-                     timeout_seconds=180)
-    assert trapped["max_cross_rank_difference"] > 1e-6
-    assert trapped["max_difference_to_single_process"] > 1e-6
+CROSS_RANK = """\
+import json, os, sys
+import torch, torch.distributed as dist
+from gradaccum_lib.distributed import init_distributed
+from gradaccum_lib.jobs.ddp import cross_rank_difference
+init_distributed()
+model = torch.nn.Linear(3, 2, dtype=torch.float64)
+torch.nn.init.constant_(model.weight, 1.0)
+torch.nn.init.constant_(model.bias, 0.0)
+same = cross_rank_difference(model)
+with torch.no_grad():
+    model.bias[1] += 0.25 * dist.get_rank()  # rank r is off rank 0 by 0.25 r in one entry
+apart = cross_rank_difference(model)
+if dist.get_rank() == 0:
+    with open(sys.argv[-1], "w") as handle:
+        json.dump({"same": same, "apart": apart}, handle)
+dist.destroy_process_group()
+os._exit(0)
+"""
+
+
+def test_cross_rank_difference_is_the_largest_gap_to_rank_0_over_all_ranks(tmp_path):
+    # notebook 05's trap programs read it: 0.0 only when every rank holds rank 0's parameters
+    import torch
+
+    assert ddp.cross_rank_difference(torch.nn.Linear(2, 2)) == 0.0  # one process, no group
+    script = tmp_path / "cross_rank.py"
+    script.write_text(CROSS_RANK)
+    result = launch(str(script), [], nproc_per_node=3, timeout_seconds=180)
+    assert result == {"same": 0.0, "apart": 0.5}  # rank 2's bias entry, 2 x 0.25
 
 
 def _faulty(tmp_path, *fault: str) -> list[str]:
@@ -116,6 +141,9 @@ def test_program_rejects_bad_command_lines(capsys):
     assert "--accumulation-steps must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         ddp.parse_arguments([*BASE, "--json", "x", "--sync", "sometimes"])
+    with pytest.raises(SystemExit):  # the traps are programs in notebook 05, not options
+        ddp.parse_arguments([*BASE, "--json", "x", "--trap", "sync-after-forward"])
+    assert "unrecognized arguments: --trap" in capsys.readouterr().err
 
 
 # The engine under DDP and FSDP2: one global window of 8 sequences (micro-batch 2) run as

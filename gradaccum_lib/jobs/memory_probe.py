@@ -39,8 +39,10 @@ from ..measure.memory import counting_tensor_bytes
 from ..workloads.models import make_mlp
 from .worker import run_worker
 
+__all__ = ["main"]
 
-def held_gradient_bytes(model: nn.Module) -> dict[str, int]:
+
+def _held_gradient_bytes(model: nn.Module) -> dict[str, int]:
     """Return the bytes of unsharded and sharded gradients this rank holds for ``model``."""
     held = {"unsharded": 0, "sharded": 0}
     for module in model.modules():
@@ -56,7 +58,7 @@ def held_gradient_bytes(model: nn.Module) -> dict[str, int]:
     return held
 
 
-class HeldGradientProbe:
+class _HeldGradientProbe:
     """An engine observer: what is held after one micro-step's backward (``micro_step``),
     read by ``read()``."""
 
@@ -73,7 +75,7 @@ class HeldGradientProbe:
         """Nothing at the window's end."""
 
 
-def ddp_held_bytes(input_dim: int, hidden_dim: int, window: list, device: torch.device, *,
+def _ddp_held_bytes(input_dim: int, hidden_dim: int, window: list, device: torch.device, *,
                    gradient_as_bucket_view: bool) -> dict[str, int | None]:
     """Return the tensor bytes held after the last backward of one engine window on a model
     wrapped in DDP (counted from the wrap on: buckets, gradients, what else is alive), the
@@ -92,7 +94,7 @@ def ddp_held_bytes(input_dim: int, hidden_dim: int, window: list, device: torch.
 
     with counting_tensor_bytes() as counted:
         wrapped = DistributedDataParallel(model, gradient_as_bucket_view=gradient_as_bucket_view)
-        probe = HeldGradientProbe(read, micro_step=len(window) - 1)
+        probe = _HeldGradientProbe(read, micro_step=len(window) - 1)
         AccumulationTrainer(wrapped, sample_classification_loss,
                             torch.optim.SGD(wrapped.parameters(), lr=0.1),
                             accumulation_steps=len(window), progress=False,
@@ -104,7 +106,7 @@ def ddp_held_bytes(input_dim: int, hidden_dim: int, window: list, device: torch.
             else None}
 
 
-def fsdp2_held_bytes(input_dim: int, hidden_dim: int, window: list,
+def _fsdp2_held_bytes(input_dim: int, hidden_dim: int, window: list,
                      device: torch.device) -> dict[str, object]:
     """Return the gradient bytes FSDP2 holds after a window's first micro-step, syncing once
     per window (``no_sync``) and every micro-step (``sync``), and the parameter bytes."""
@@ -118,7 +120,7 @@ def fsdp2_held_bytes(input_dim: int, hidden_dim: int, window: list,
         fully_shard(model)
         results["parameter_bytes"] = sum(p.numel() * p.element_size()  # DTensor: global
                                          for p in model.parameters())
-        probe = HeldGradientProbe(lambda model=model: held_gradient_bytes(model))
+        probe = _HeldGradientProbe(lambda model=model: _held_gradient_bytes(model))
         AccumulationTrainer(model, sample_classification_loss,
                             torch.optim.SGD(model.parameters(), lr=0.1),
                             accumulation_steps=2, progress=False, observers=[probe],
@@ -150,15 +152,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         dims = (arguments.input_dim, arguments.hidden_dim)
 
         def both_ways(k: int) -> dict[str, dict]:
-            return {view_name: ddp_held_bytes(*dims, windows[k], ctx.device,
-                                              gradient_as_bucket_view=view)
+            return {view_name: _ddp_held_bytes(*dims, windows[k], ctx.device,
+                                               gradient_as_bucket_view=view)
                     for view_name, view in (("default", False),
                                             ("gradient_as_bucket_view", True))}
 
         results: dict[str, object] = {
             "world_size": ctx.world_size, "ddp": both_ways(2),
             "ddp_per_k": [both_ways(k) for k in arguments.ks],
-            **fsdp2_held_bytes(*dims, windows[2], ctx.device)}
+            **_fsdp2_held_bytes(*dims, windows[2], ctx.device)}
         if ctx.is_main:
             with open(arguments.json, "w") as handle:
                 json.dump(results, handle)

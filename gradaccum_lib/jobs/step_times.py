@@ -33,7 +33,7 @@ from .worker import run_worker
 
 __all__ = ["main", "time_ddp_steps"]
 
-MICRO_BATCH = 8
+_MICRO_BATCH = 8
 
 
 def _measurements(accumulation_steps: Sequence[int]) -> list[int]:
@@ -110,9 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     ks = arguments.ks
     with process_group_session():
         ctx = init_distributed()
-        inputs, labels = make_toy_classification(MICRO_BATCH * max(ks), 16, 4, seed=ctx.rank)
+        inputs, labels = make_toy_classification(_MICRO_BATCH * max(ks), 16, 4, seed=ctx.rank)
         micro_batches = [(x.to(ctx.device), y.to(ctx.device)) for x, y in
-                         zip(inputs.split(MICRO_BATCH), labels.split(MICRO_BATCH), strict=True)]
+                         zip(inputs.split(_MICRO_BATCH), labels.split(_MICRO_BATCH), strict=True)]
         model = make_mlp(16, 256, 4, seed=0).to(ctx.device)
         timings = time_ddp_steps(model, sample_classification_loss, micro_batches, ks,
                                  repeats=arguments.repeats, warmup=2)
