@@ -204,3 +204,38 @@ def test_clipped_trainer_run_rejects_bad_arguments(emr_window):
         hf_trainer_clipped_run(model, [], SGD, 2)
     with pytest.raises(ValueError, match="workaround must be one of"):
         hf_trainer_clipped_run(model, parts, SGD, 2, workaround="divide")
+
+
+def test_hf_model_loss_gradients_divides_by_k_or_passes_the_window_count():
+    from gradaccum_lib.audits.hf_trainer import hf_model_loss_gradients
+    from gradaccum_lib.equivalence import averaged_micro_batch_gradients, full_batch_gradients
+    from gradaccum_lib.gradients import max_gradient_difference
+    from gradaccum_lib.losses import cross_entropy_sum
+    from gradaccum_lib.workloads.models import make_tiny_causal_lm
+
+    model = make_tiny_causal_lm(20, hidden_size=8, max_length=8, dtype=torch.float64)
+    input_ids = torch.randint(1, 20, (6, 8), generator=torch.Generator().manual_seed(0))
+    labels = input_ids.clone()
+    labels[1, 3:], labels[4, 2:] = -100, -100  # uneven real lengths
+    window = {"input_ids": input_ids, "labels": labels}
+    parts = split_into_micro_batches(window, accumulation_steps=3)
+
+    def token_sum(model, batch):
+        logits = model(input_ids=batch["input_ids"]).logits
+        return cross_entropy_sum(logits[:, :-1], batch["labels"][:, 1:])
+
+    def token_mean(model, batch):  # the model's own loss: the micro-batch's token mean
+        return model(**batch).loss, 1
+
+    # transformers' causal-LM loss computes in float32 (logits.float()): bounds, relative
+    truth = full_batch_gradients(model, token_sum, window)
+    count = torch.tensor(int((labels[:, 1:] != -100).sum()))
+    with_count = hf_model_loss_gradients(model, parts, num_items_in_batch=count)
+    assert max_gradient_difference(with_count, truth, relative=True) < 1e-6
+    without = hf_model_loss_gradients(model, parts)  # each micro-batch's mean, / k
+    assert max_gradient_difference(without, averaged_micro_batch_gradients(
+        model, token_mean, parts), relative=True) < 1e-6
+    assert max_gradient_difference(without, truth, relative=True) > 1e-2  # uneven: not exact
+    assert all(p.grad is None for p in model.parameters())  # the model left as found
+    with pytest.raises(ValueError, match="micro_batches is empty"):
+        hf_model_loss_gradients(model, [])
