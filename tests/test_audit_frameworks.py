@@ -239,3 +239,23 @@ def test_hf_model_loss_gradients_divides_by_k_or_passes_the_window_count():
     assert all(p.grad is None for p in model.parameters())  # the model left as found
     with pytest.raises(ValueError, match="micro_batches is empty"):
         hf_model_loss_gradients(model, [])
+
+
+def test_the_benchmarks_accelerate_loop_steps_as_the_bare_loop(emr_window):
+    import copy
+
+    from gradaccum_lib.audits.frameworks import accelerate_loop, bare_loop
+
+    model, batch = emr_window
+    # 8 micro-batches, two full windows (the loop counts windows by calls: it has no data end)
+    parts = split_into_micro_batches(batch, micro_batch_size=3)
+    bare, accelerated = copy.deepcopy(model), copy.deepcopy(model)
+    bare_loop(bare, SGD(bare.parameters()), 4)(parts)
+    run, prepared = accelerate_loop(accelerated, SGD(accelerated.parameters()), 4)
+    run(parts)
+    before = dict(model.named_parameters())
+    moved = {name: (p - before[name]).abs().max().item() for name, p in bare.named_parameters()}
+    assert max(moved.values()) > 1e-3  # both windows stepped
+    for name, parameter in prepared.named_parameters():
+        torch.testing.assert_close(parameter, dict(bare.named_parameters())[name],
+                                   rtol=0, atol=1e-12)
