@@ -230,3 +230,25 @@ def test_the_ddp_step_figure_is_one_panel_of_the_accumulation_plan_figure():
     width, height = plot_accumulation_plan(plan, plan).get_size_inches()
     assert tuple(plot_ddp_step(DdpStepModel(0.001, 0.002), 8).get_size_inches()) == (
         width / 2, height)
+
+
+@pytest.mark.parametrize("module", [
+    "measure.bench", "measure.comm", "measure.memory", "measure.metrics", "measure.noise",
+    "measure.planning", "workloads.data", "workloads.emr_corpus", "workloads.models",
+])
+def test_a_wing_module_exports_only_what_it_defines(module):
+    # one import path per name: planning once re-exported cluster's planners, and data the
+    # corpus's LABELS
+    import ast
+    import importlib
+
+    imported = importlib.import_module(f"gradaccum_lib.{module}")
+    with open(imported.__file__, encoding="utf-8") as source:
+        tree = ast.parse(source.read())
+    defined = {node.name for node in tree.body
+               if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    defined |= {target.id for node in tree.body if isinstance(node, ast.Assign)
+                for target in node.targets if isinstance(target, ast.Name)}
+    defined |= {node.target.id for node in tree.body if isinstance(node, ast.AnnAssign)}
+    assert sorted(set(imported.__all__) - defined) == []
+    assert len(imported.__all__) == len(set(imported.__all__))
