@@ -40,7 +40,7 @@ from gradaccum_lib import split_into_micro_batches
 from gradaccum_lib.accumulation import AccumulationTrainer
 from gradaccum_lib.audits.frameworks import bare_loop
 from gradaccum_lib.distributed import init_distributed, process_group_session
-from gradaccum_lib.jobs.worker import run_worker
+from gradaccum_lib.jobs.agent import run_worker
 from gradaccum_lib.losses import sample_classification_loss
 from gradaccum_lib.measure.bench import Timing, paired_ratio, steady_allocator, time_interleaved
 from gradaccum_lib.workloads.data import make_toy_classification

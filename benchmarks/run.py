@@ -32,7 +32,7 @@ from gradaccum_lib import split_into_micro_batches
 from gradaccum_lib.accumulation import AccumulationTrainer
 from gradaccum_lib.audits.frameworks import accelerate_loop, bare_loop
 from gradaccum_lib.batches import Batch, LossFn, batch_size
-from gradaccum_lib.jobs.launcher import launch
+from gradaccum_lib.jobs.launch import launch
 from gradaccum_lib.losses import bert_classification_loss, sample_classification_loss
 from gradaccum_lib.measure.bench import Timing, paired_ratio, steady_allocator, time_interleaved
 from gradaccum_lib.measure.memory import activation_bytes, tensor_peak_bytes

@@ -3,9 +3,9 @@ group (gloo on CPU, nccl on CUDA) and leave it cleanly. How the engine skips DDP
 sync on a window's inner micro-steps is the engine's own (:mod:`gradaccum_lib.accumulation`).
 
 ``torchrun`` starts the processes; :func:`init_distributed` meets the other ranks through
-torchrun's store, or through the file that :func:`gradaccum_lib.jobs.launcher.launch` names
-(no TCP store listening on every interface). A worker's entry point, which makes it die with
-its agent, is :func:`gradaccum_lib.jobs.worker.run_worker`.
+torchrun's store, or through the file that :func:`gradaccum_lib.jobs.launch.launch` names in
+:data:`STORE_FILE_VARIABLE` (no TCP store listening on every interface). A worker's entry
+point, which makes it die with its agent, is :func:`gradaccum_lib.jobs.agent.run_worker`.
 """
 
 from __future__ import annotations
@@ -21,25 +21,22 @@ import torch
 import torch.distributed as dist
 
 __all__ = [
+    "STORE_FILE_VARIABLE",
     "DistributedContext",
     "init_distributed",
     "process_group_session",
 ]
 
-#: set by launch() for its run: the run id, the torchrun agent's pid (run_worker exits when
-#: that process is gone) and the FileStore file through which init_distributed meets
-RUN_ID_VARIABLE = "GRADACCUM_RUN_ID"
-AGENT_PID_VARIABLE = "GRADACCUM_AGENT_PID"
+#: the FileStore file through which init_distributed meets, as "RUN_ID:PATH" (launch() sets
+#: it): honoured only under the torchrun run whose ``TORCHELASTIC_RUN_ID`` is RUN_ID, not by a
+#: torchrun started inside one of that run's workers, which inherits the variable
 STORE_FILE_VARIABLE = "GRADACCUM_STORE_FILE"
 
 
-def launch_variable(name: str) -> str | None:
-    """Return the variable ``name`` if launch() set it for THIS torchrun run, else None (a
-    torchrun started inside one of launch()'s workers inherits its variables)."""
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if run_id is None or os.environ.get(RUN_ID_VARIABLE) != run_id:
-        return None
-    return os.environ.get(name)
+def _store_file() -> str | None:
+    """Return the path that :data:`STORE_FILE_VARIABLE` names for THIS torchrun run, else None."""
+    run_id, _, path = os.environ.get(STORE_FILE_VARIABLE, "").partition(":")
+    return path if path and run_id == os.environ.get("TORCHELASTIC_RUN_ID") else None
 
 
 @dataclass(frozen=True)
@@ -95,7 +92,7 @@ def init_distributed(timeout_seconds: float = 60.0) -> DistributedContext:
         backend, device = "gloo", torch.device("cpu")
     if not dist.is_initialized():  # launch()'s runs meet through a file, not a TCP store
         timeout = timedelta(seconds=timeout_seconds)
-        store_file = launch_variable(STORE_FILE_VARIABLE)
+        store_file = _store_file()
         if store_file:
             dist.init_process_group(backend, init_method=Path(store_file).as_uri(), rank=rank,
                                     world_size=world_size, timeout=timeout)

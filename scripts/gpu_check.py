@@ -154,7 +154,7 @@ def reader_code_checks(world_size: int, device: torch.device) -> tuple[dict, lis
     return the measured differences and a message per failure."""
     import runpy
 
-    from gradaccum_lib.jobs.launcher import launch
+    from gradaccum_lib.jobs.launch import launch
     from gradaccum_lib.workloads.data import make_toy_classification
     from gradaccum_lib.workloads.models import make_mlp
 
@@ -221,7 +221,7 @@ def ddp_memory_checks(rehearsal: bool) -> tuple[list[dict], list[str]]:
     """Measure DDP's gradient bytes both ways per k on one process (nccl on a GPU) and hold
     the difference against the budget model's bucket copy: counted bytes within 1%, the CUDA
     allocator's within 5% (it rounds blocks). Return the rows and a message per failure."""
-    from gradaccum_lib.jobs.launcher import launch
+    from gradaccum_lib.jobs.launch import launch
     from gradaccum_lib.measure.memory import memory_budget
 
     sizes = ["--ks", "1", "2", "4"] if rehearsal else [

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gradaccum_lib.jobs import ddp
-from gradaccum_lib.jobs.launcher import LaunchError, LaunchTimeout, launch
+from gradaccum_lib.jobs.launch import LaunchError, LaunchTimeout, launch
 
 BASE = ["--accumulation-steps", "4", "--micro-batch-size", "4", "--steps", "3"]
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -289,15 +289,3 @@ def test_skipped_sync_turns_ddps_flag_off_and_restores_it(tmp_path):
     finally:
         dist.destroy_process_group()
 
-
-def test_launch_variable_reads_only_the_run_launch_started(monkeypatch):
-    from gradaccum_lib.distributed import RUN_ID_VARIABLE, STORE_FILE_VARIABLE, launch_variable
-
-    monkeypatch.setenv(STORE_FILE_VARIABLE, "/tmp/store")
-    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
-    assert launch_variable(STORE_FILE_VARIABLE) is None  # not under torchrun
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run-a")
-    monkeypatch.setenv(RUN_ID_VARIABLE, "run-b")  # a torchrun inside one of launch()'s workers
-    assert launch_variable(STORE_FILE_VARIABLE) is None
-    monkeypatch.setenv(RUN_ID_VARIABLE, "run-a")
-    assert launch_variable(STORE_FILE_VARIABLE) == "/tmp/store"

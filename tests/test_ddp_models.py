@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gradaccum_lib.jobs.launcher import launch, torchrun_command
+from gradaccum_lib.jobs.launch import launch, torchrun_command
 from gradaccum_lib.measure.planning import DdpStepModel, fit_ddp_step_model
 from gradaccum_lib.notebook.plots import plot_ddp_step
 from gradaccum_lib.notebook.widgets import ddp_time_explorer, describe_ddp_step

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,8 +23,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-import gradaccum_lib.jobs.run_cleanup as cleanup
-from gradaccum_lib.jobs.launcher import LaunchError, LaunchTimeout, launch
+from gradaccum_lib.jobs.launch import (
+    OWNER_FILE,
+    RUN_FOLDER_PREFIX,
+    LaunchError,
+    LaunchTimeout,
+    launch,
+    remove_orphaned_run_folders,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -66,9 +73,9 @@ def _wait_until_gone(pids: list[int], timeout_seconds: float) -> float:
 
 def _run_folder_of(owner: int) -> Path:
     """Return the run folder (in the system temp dir) that records ``owner`` as its owner."""
-    for folder in Path(tempfile.gettempdir()).glob(f"{cleanup.RUN_FOLDER_PREFIX}*"):
+    for folder in Path(tempfile.gettempdir()).glob(f"{RUN_FOLDER_PREFIX}*"):
         with contextlib.suppress(OSError):  # other runs' folders come and go
-            if (folder / cleanup.OWNER_FILE).read_text().split()[0] == str(owner):
+            if (folder / OWNER_FILE).read_text().split()[0] == str(owner):
                 return folder
     raise AssertionError(f"no run folder of pid {owner}")
 
@@ -81,12 +88,13 @@ def _kill(pids: Iterable[int]) -> None:
 
 
 def test_workers_that_ignore_sigterm_are_killed_at_the_timeout(tmp_path):
-    # each rank AND its child (own session, not the agent's) ignore SIGTERM for good
+    # each rank AND its child (own session, not the agent's) ignore SIGTERM for good: 6
+    # processes (run_agent, torchrun's agent, 2 ranks, 2 children)
     names = ["rank-0", "rank-1", "rank-0-child", "rank-1-child"]
     start = time.monotonic()
     with pytest.raises(LaunchTimeout, match=r"did not finish within 15 s; ranks still running "
                                             r"at the timeout: \[0, 1\]; every process of the "
-                                            r"run \(5\) was killed") as info:
+                                            r"run \(6\) was killed") as info:
         launch(SLOW_TO_DIE, ["--ready-dir", str(tmp_path)], timeout_seconds=15)
     seconds = time.monotonic() - start
     started = _ready_pids(tmp_path, names, 0)
@@ -106,7 +114,7 @@ def test_an_interrupted_caller_leaves_no_process(tmp_path):
         # and a child started with it ignored never gets Python's KeyboardInterrupt handler
         [sys.executable, "-c", "import signal, sys; "
          "signal.signal(signal.SIGINT, signal.default_int_handler); "
-         "from gradaccum_lib.jobs.launcher import launch; "
+         "from gradaccum_lib.jobs.launch import launch; "
          "launch(sys.argv[1], ['--ready-dir', sys.argv[2]], timeout_seconds=120)",
          SLOW_TO_DIE, str(tmp_path)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     started: list[int] = []
@@ -150,24 +158,25 @@ def test_a_worker_exits_at_once_when_its_agent_is_already_gone():
     # (4194305 is above Linux's largest pid: no process has it)
     run_id = "gradaccum-test"
     worker = subprocess.run(
-        [sys.executable, "-c", "from gradaccum_lib.jobs.worker import run_worker; "
+        [sys.executable, "-c", "from gradaccum_lib.jobs.agent import run_worker; "
          "run_worker(lambda: 0)"], cwd=ROOT, capture_output=True, text=True, timeout=60,
-        env={**os.environ, "TORCHELASTIC_RUN_ID": run_id, "GRADACCUM_RUN_ID": run_id,
-             "GRADACCUM_AGENT_PID": "4194305"})
+        env={**os.environ, "TORCHELASTIC_RUN_ID": run_id,
+             "GRADACCUM_AGENT": f"{run_id}:4194305"})
     assert worker.returncode == 1
     assert "torchrun agent (pid 4194305) is gone" in worker.stderr
     # and an agent whose caller is already gone exits before starting torchrun
-    agent = subprocess.run([sys.executable, "-c", "from gradaccum_lib.jobs.worker import "
-                            "run_agent; run_agent(4194305, [])"], cwd=ROOT, capture_output=True,
-                           text=True, timeout=60)
+    agent = subprocess.run([sys.executable, "-c", "from gradaccum_lib.jobs.agent import "
+                            "run_agent; run_agent(4194305, 'run', 'unused', [])"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
     assert agent.returncode == 1 and "caller of launch() (pid 4194305) is gone" in agent.stderr
 
 
 def test_the_watchdog_exits_a_process_whose_parent_dies(tmp_path):
     # the fallback where prctl(PR_SET_PDEATHSIG) is not available
     ready = tmp_path / "child"
-    child_code = ("import os, sys, time; from gradaccum_lib.jobs.worker import _watch_parent; "
-                  "_watch_parent(os.getppid(), 0.05); "
+    child_code = ("import os, sys, time; "
+                  "from gradaccum_lib.jobs.agent import _exit_orphaned, _watch_parent; "
+                  "_watch_parent(os.getppid(), _exit_orphaned); "
                   "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)")
     parent = subprocess.Popen(
         [sys.executable, "-c", "import subprocess, sys, time; "
@@ -213,8 +222,8 @@ def test_a_run_listens_on_loopback_only(tmp_path):
     try:
         _ready_pids(tmp_path, ["rank-0", "rank-1"], 60)  # both ranks joined the process group
         run = [process for process in psutil.Process().children(recursive=True)
-               if process.pid not in before]  # this run's agent and workers
-        assert len(run) == 3
+               if process.pid not in before]  # run_agent, torchrun's agent, the workers
+        assert len(run) == 4
         listening = {process.pid: {(connection.laddr.ip, connection.laddr.port)
                                    for connection in process.net_connections("inet")
                                    if connection.status == psutil.CONN_LISTEN}
@@ -230,7 +239,7 @@ def test_a_run_listens_on_loopback_only(tmp_path):
 
 def test_a_timeout_before_any_worker_started_says_so():
     with pytest.raises(LaunchTimeout, match=r"within 0.3 s; no worker had started; every "
-                                            r"process of the run \(1\) was killed") as info:
+                                            r"process of the run \([12]\) was killed") as info:
         launch(HANG, ["--ready-dir", "unused"], timeout_seconds=0.3)
     assert info.value.unfinished_ranks == ()
     assert _running(info.value.process_ids) == []
@@ -247,14 +256,14 @@ def test_a_caller_ended_by_a_signal_leaves_no_process(tmp_path, signum, thread):
     try:
         started = _ready_pids(tmp_path, ["rank-0", "rank-1"], 60)
         run = [process.pid for process in psutil.Process(caller.pid).children(recursive=True)]
-        assert set(started) < set(run) and len(run) == 3  # the agent and both workers
+        assert set(started) < set(run) and len(run) == 4  # 2 agents and both workers
         folder = _run_folder_of(caller.pid)
         caller.send_signal(signum)
         seconds = _wait_until_gone(run, 5)
         print(f"{signal.Signals(signum).name} (thread: {thread}): run gone in {seconds:.2f} s")
         assert caller.wait(30) == -signum
         if signum == signal.SIGKILL or thread:  # no handler ran: the next launch() sweeps
-            cleanup.remove_orphaned_run_folders()
+            remove_orphaned_run_folders()
         assert not folder.exists()
     finally:
         caller.kill()
@@ -270,7 +279,7 @@ def test_restarting_the_kernel_leaves_no_process(tmp_path):
     try:
         client.start_channels()
         client.wait_for_ready(timeout=60)
-        client.execute(f"from gradaccum_lib.jobs.launcher import launch\nlaunch({HANG!r}, "
+        client.execute(f"from gradaccum_lib.jobs.launch import launch\nlaunch({HANG!r}, "
                        f"['--ready-dir', {str(tmp_path)!r}, '--hang-ranks', '0,1'])")
         started = _ready_pids(tmp_path, ["rank-0", "rank-1"], 60)
         kernel = manager.provisioner.process.pid
@@ -281,7 +290,7 @@ def test_restarting_the_kernel_leaves_no_process(tmp_path):
         manager.restart_kernel(now=True)
         _wait_until_gone(run, 5 - (time.monotonic() - start))
         print(f"kernel restart: run gone in {time.monotonic() - start:.2f} s")
-        cleanup.remove_orphaned_run_folders()
+        remove_orphaned_run_folders()
         assert not folder.exists()
     finally:
         client.stop_channels()
@@ -335,20 +344,100 @@ def test_sigterm_to_a_caller_with_its_own_handler_ends_the_run_and_calls_it(tmp_
         signal.signal(signal.SIGHUP, previous[1])
 
 
-def test_only_the_run_folders_of_dead_owners_are_removed(tmp_path):
+def test_only_the_run_folders_of_dead_owners_are_removed():
+    # folders of this test's own, uniquely named, in the system temp dir where launch() sweeps
     gone = subprocess.run([sys.executable, "-c", "import psutil; p = psutil.Process(); "
                            "print(p.pid, repr(p.create_time()))"], capture_output=True,
                           text=True, check=True).stdout.split()  # a dead process
-    prefix = tmp_path / cleanup.RUN_FOLDER_PREFIX
-    with cleanup.run_folder(tmp_path) as live:
-        pid, created, namespace = (live / cleanup.OWNER_FILE).read_text().split()
-        for name, owner in {"dead": f"{gone[0]} {gone[1]} {namespace}", "no-owner": None,
-                            "reused-pid": f"{pid} {float(created) - 60} {namespace}",
-                            "dead-elsewhere": f"{gone[0]} {gone[1]} pid:[0]"}.items():
+    me, namespace = psutil.Process(), os.readlink("/proc/self/ns/pid")
+    prefix = f"{Path(tempfile.gettempdir()) / RUN_FOLDER_PREFIX}test-{os.getpid()}-"
+    owners = {"live": f"{me.pid} {me.create_time()!r} {namespace}",
+              "dead": f"{gone[0]} {gone[1]} {namespace}", "no-owner": None,
+              "reused-pid": f"{me.pid} {me.create_time() - 60} {namespace}",
+              "dead-elsewhere": f"{gone[0]} {gone[1]} pid:[0]"}
+    try:
+        for name, owner in owners.items():
             Path(f"{prefix}{name}").mkdir()
             if owner is not None:
-                (Path(f"{prefix}{name}") / cleanup.OWNER_FILE).write_text(owner)
-        removed = cleanup.remove_orphaned_run_folders(tmp_path)
-        assert sorted(map(str, removed)) == [f"{prefix}dead", f"{prefix}reused-pid"]
-        assert live.is_dir() and pid == str(os.getpid())
-    assert sorted(map(str, tmp_path.iterdir())) == [f"{prefix}dead-elsewhere", f"{prefix}no-owner"]
+                (Path(f"{prefix}{name}") / OWNER_FILE).write_text(owner)
+        removed = [str(path) for path in remove_orphaned_run_folders()
+                   if str(path).startswith(prefix)]  # other runs' dead folders may go too
+        assert sorted(removed) == [f"{prefix}dead", f"{prefix}reused-pid"]
+        assert sorted(str(path) for path in Path(prefix).parent.glob(f"{Path(prefix).name}*")) \
+            == [f"{prefix}dead-elsewhere", f"{prefix}live", f"{prefix}no-owner"]
+    finally:
+        for name in owners:
+            shutil.rmtree(f"{prefix}{name}", ignore_errors=True)
+
+
+def test_the_store_file_is_read_only_under_the_run_launch_started(monkeypatch):
+    from gradaccum_lib.distributed import STORE_FILE_VARIABLE, _store_file
+
+    monkeypatch.setenv(STORE_FILE_VARIABLE, "run-a:/tmp/a:b/store")
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert _store_file() is None  # not under torchrun
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run-b")  # a torchrun inside one of its workers
+    assert _store_file() is None
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run-a")
+    assert _store_file() == "/tmp/a:b/store"
+
+
+def test_a_caller_killed_hard_leaves_no_slow_worker_after_5_s(tmp_path):
+    # plain workers (no run_worker) that ignore SIGTERM, and their children in sessions of
+    # their own: after a SIGKILL of launch()'s caller, launch()'s own grace, then SIGKILL
+    caller = subprocess.Popen([sys.executable, CALLER, "--ready-dir", str(tmp_path),
+                               "--slow-to-die"], cwd=ROOT)
+    run: list[int] = []
+    try:
+        started = _ready_pids(tmp_path, ["rank-0", "rank-1", "rank-0-child", "rank-1-child"],
+                              60)
+        run = [process.pid for process in psutil.Process(caller.pid).children(recursive=True)]
+        assert set(started) < set(run)
+        caller.kill()
+        caller.wait()
+        seconds = _wait_until_gone(run, 5)
+        print(f"caller SIGKILLed, slow workers: run gone in {seconds:.2f} s")
+    finally:
+        caller.kill()
+        caller.wait()
+        _kill(run)
+
+
+def _kill_the_agent_when_a_worker_starts(before: set[int], limit_seconds: float) -> list[int]:
+    """Watch this test's own new descendants; SIGKILL the torchrun agent (a worker's parent)
+    the moment its first worker exists; return the workers seen then."""
+    deadline = time.monotonic() + limit_seconds
+    while time.monotonic() < deadline:
+        workers = []
+        for process in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if process.pid not in before and "TORCHELASTIC_RUN_ID" in process.environ():
+                    workers.append(process)
+        if workers:
+            with contextlib.suppress(psutil.Error):
+                os.kill(workers[0].ppid(), signal.SIGKILL)
+            return [worker.pid for worker in workers]
+        time.sleep(0.005)
+    raise AssertionError(f"no worker started within {limit_seconds} s")
+
+
+def test_no_worker_escapes_an_agent_killed_as_it_starts_them(tmp_path):
+    # plain workers, the agent SIGKILLed the moment the first one exists (before any poll of
+    # launch() could record it): each one still dies, and so do the children they start
+    before = {process.pid for process in psutil.Process().children(recursive=True)}
+    seen: list[int] = []
+    with ThreadPoolExecutor(1) as runner:
+        future = runner.submit(launch, SLOW_TO_DIE, ["--ready-dir", str(tmp_path)],
+                               timeout_seconds=120)
+        try:
+            seen = _kill_the_agent_when_a_worker_starts(before, 60)
+            with pytest.raises(LaunchError, match=r"the torchrun agent \(pid \d+\) was killed "
+                                                  r"by SIGKILL"):
+                future.result(60)
+            seconds = _wait_until_gone(seen, 5)
+            late = [int(path.read_text()) for path in tmp_path.iterdir() if path.read_text()]
+            assert _running(late) == []  # the pids they wrote, children included
+            print(f"agent SIGKILLed at its first worker: workers gone in {seconds:.2f} s")
+        finally:
+            _kill(seen)
+            _kill(int(path.read_text()) for path in tmp_path.iterdir() if path.read_text())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradaccum_lib.jobs.launcher import launch
+from gradaccum_lib.jobs.launch import launch
 from gradaccum_lib.jobs.step_times import time_ddp_steps
 from gradaccum_lib.losses import sample_classification_loss
 from gradaccum_lib.measure.memory import memory_budget

@@ -1,4 +1,5 @@
 """Programs that ``torchrun`` runs around the engine (``train``, with its command line in
-``train_args``; ``ddp``, ``memory_probe``, ``step_times``), the torchrun worker's and agent's
-entry points (``worker``), ``launch()`` (``launcher``) and how its runs end with their caller
-(``run_cleanup``), checkpoint files (``checkpoints``) and exact resume (``resume``)."""
+``train_args``; ``ddp``, ``memory_probe``, ``step_times``), running torchrun from Python in two
+halves named for the side they run on (``launch``: the caller's, ``launch()``; ``agent``: the
+processes it starts, their supervisor and ``run_worker``), checkpoint files (``checkpoints``)
+and exact resume (``resume``)."""

@@ -47,7 +47,7 @@ from ..losses import sample_classification_loss, token_classification_loss
 from ..measure.comm import CommCounter
 from ..workloads.data import make_toy_classification, make_toy_token_batch
 from ..workloads.models import TokenTagger, make_mlp
-from .worker import run_worker
+from .agent import run_worker
 
 __all__ = ["cross_rank_difference", "main", "parse_arguments"]
 

@@ -37,7 +37,7 @@ from ..distributed import init_distributed, process_group_session
 from ..losses import sample_classification_loss
 from ..measure.memory import counting_tensor_bytes
 from ..workloads.models import make_mlp
-from .worker import run_worker
+from .agent import run_worker
 
 __all__ = ["main"]
 

@@ -29,7 +29,7 @@ from ..measure.bench import Timing, time_interleaved
 from ..runtime import check_positive_int
 from ..workloads.data import make_toy_classification
 from ..workloads.models import make_mlp
-from .worker import run_worker
+from .agent import run_worker
 
 __all__ = ["main", "time_ddp_steps"]
 

@@ -53,7 +53,7 @@ from .train_args import (
     parse_arguments,
     run_definition,
 )
-from .worker import run_worker
+from .agent import run_worker
 
 CHECKPOINT, EPOCHS_LOG, FINAL = "checkpoint.pt", "epochs.json", "final.pt"
 
