@@ -347,3 +347,59 @@ def test_the_documented_two_process_command_learns(tmp_path, started):
     # the 2-core AMD EPYC), so a floor below all of them, not the value
     assert epochs[-1]["macro_f1"] >= 0.6, epochs
     assert "8 epochs, 504 optimizer steps, effective batch 32" in out  # the closing summary
+
+
+def test_a_start_removes_the_temporaries_a_killed_run_left_and_nothing_else(tmp_path, capsys):
+    dead = 2**22 + 12345  # above Linux's default pid_max: the writer is no running process
+    log = tmp_path / "logs" / "log.json"
+    log.parent.mkdir()
+    left = [tmp_path / f".{name}.tmp-{dead}" for name in ("checkpoint.pt", "epochs.json",
+                                                          "final.pt")]
+    left.append(log.parent / f".log.json.tmp-{dead}")  # a kill during each write
+    kept = [tmp_path / name for name in (".final.pt.tmp-mine", "final.pt.tmp-1",
+                                         ".other.pt.tmp-1", "notes.txt")]
+    for path in left + kept:
+        path.write_bytes(b"x")
+    argv = [*JOB[2:], "--train-samples", "16", "--epochs", "1", "--checkpoint-dir",
+            str(tmp_path), "--resume", "--json", str(log)]
+    assert train_main(argv) == 0, capsys.readouterr().err
+    assert [path.name for path in left if path.exists()] == []
+    assert all(path.read_bytes() == b"x" for path in kept)  # not this run's: left alone
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
+        [*(path.name for path in kept), "checkpoint.pt", "epochs.json", "final.pt", "logs"])
+
+
+def test_a_checkpoint_past_an_epoch_without_its_validation_record_evaluates_it_again(
+        one_epoch, tmp_path):
+    _copy_of(one_epoch, tmp_path)
+    recorded = json.loads((tmp_path / "epochs.json").read_text())
+    (tmp_path / "epochs.json").unlink()  # killed after the epoch's checkpoint, before this
+    resumed = _single([*JOB, "--checkpoint-dir", str(tmp_path), "--resume", "--json",
+                       str(tmp_path / "log.json")])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert ("epoch 0 has a checkpoint but no validation record: evaluating its model again"
+            in resumed.stdout)
+    epochs = json.loads((tmp_path / "log.json").read_text())["epochs"]
+    assert [epoch["epoch"] for epoch in epochs] == [0, 1]
+    assert epochs[0] == recorded[0]  # the checkpoint's model IS the epoch-end model
+    assert json.loads((tmp_path / "epochs.json").read_text()) == epochs
+    assert "2 epochs, 24 optimizer steps" in resumed.stdout
+
+
+def test_an_epoch_whose_validation_record_is_lost_for_good_is_named_in_the_summary(tmp_path,
+                                                                                   capsys):
+    argv = [*JOB[2:], "--train-samples", "16", "--checkpoint-dir", str(tmp_path)]
+    assert train_main(argv) == 0  # 2 epochs
+    records = json.loads((tmp_path / "epochs.json").read_text())
+    (tmp_path / "epochs.json").write_text(json.dumps(records[1:]))  # epoch 0's record is gone
+    capsys.readouterr()
+    assert train_main([*argv, "--epochs", "3", "--resume", "--json",
+                       str(tmp_path / "log.json")]) == 0
+    out, err = capsys.readouterr()
+    assert ("warning: epoch 0 has no validation record in " f"{tmp_path / 'epochs.json'}"
+            " and its model is gone (the checkpoint is past it)") in err
+    assert "3 epochs, 6 optimizer steps" in out
+    assert "    0   (no validation record)" in out
+    log = json.loads((tmp_path / "log.json").read_text())
+    assert [epoch["epoch"] for epoch in log["epochs"]] == [1, 2]
+    assert log["epochs_without_validation"] == [0]

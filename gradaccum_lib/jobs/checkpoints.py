@@ -77,9 +77,10 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
 
 
 def write_atomically(path: str | os.PathLike, *chunks: bytes) -> Path:
-    """Write ``chunks`` one after the other to ``path`` atomically (temporary file, fsync, rename, fsync of the
-    directory), first removing the temporaries of ``path`` that a killed writer left; return
-    the path written. Raises :class:`CheckpointError` naming the path when it cannot."""
+    """Write ``chunks`` one after the other to ``path`` atomically (temporary file, fsync,
+    rename, fsync of the directory), first removing the temporaries of ``path`` that a killed
+    writer left; return the path written. Raises :class:`CheckpointError` naming the path
+    when it cannot."""
     target = Path(path)
     if target.is_dir():
         raise CheckpointError(f"checkpoint path {target} is a directory; give a file path")

@@ -19,12 +19,14 @@ one would.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,7 +45,8 @@ from ..runtime import get_profile, set_seed
 from ..workloads.data import encode_records, load_emr_split, load_tokenizer
 from ..workloads.emr_corpus import LABELS
 from ..workloads.models import make_tiny_bert
-from .checkpoints import CheckpointError
+from .agent import run_worker
+from .checkpoints import CheckpointError, remove_stale_temporaries, write_atomically
 from .resume import Resumable
 from .train_args import (
     AMP,
@@ -53,12 +56,13 @@ from .train_args import (
     parse_arguments,
     run_definition,
 )
-from .agent import run_worker
 
-CHECKPOINT, EPOCHS_LOG, FINAL = "checkpoint.pt", "epochs.json", "final.pt"
+__all__ = ["build_model", "main"]
+
+_CHECKPOINT, _EPOCHS_LOG, _FINAL = "checkpoint.pt", "epochs.json", "final.pt"
 
 
-class EncodedNotes(Dataset):
+class _EncodedNotes(Dataset):
     """Encoded notes (``input_ids``, ``attention_mask``, ``labels``) as a map-style dataset."""
 
     def __init__(self, columns: dict[str, Tensor]) -> None:
@@ -69,6 +73,36 @@ class EncodedNotes(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Tensor]:
         return {key: column[index] for key, column in self.columns.items()}
+
+
+@dataclass
+class _Job:
+    """What the job's steps share: its flags, the process group, the data, the model (``base``
+    unwrapped, ``model`` as trained) and the trainer with its checkpoints."""
+
+    arguments: argparse.Namespace
+    ctx: DistributedContext
+    dataset: _EncodedNotes
+    validation: dict[str, Tensor]
+    base: nn.Module
+    counter: CommCounter
+    sampler: DistributedSampler
+    windows_per_epoch: int
+    resumable: Resumable
+
+    @property
+    def trainer(self) -> AccumulationTrainer:
+        return self.resumable.trainer
+
+    @property
+    def effective_batch(self) -> int:
+        arguments = self.arguments
+        return arguments.micro_batch_size * arguments.accumulation_steps * self.ctx.world_size
+
+    def path(self, name: str) -> Path | None:
+        """The path of one of the job's files in --checkpoint-dir (None without one)."""
+        directory = self.arguments.checkpoint_dir
+        return None if directory is None else directory / name
 
 
 def build_model(arguments: argparse.Namespace, vocab_size: int) -> nn.Module:
@@ -82,8 +116,8 @@ def build_model(arguments: argparse.Namespace, vocab_size: int) -> nn.Module:
                           dtype=DTYPES[arguments.dtype])
 
 
-def warmup_then_linear(optimizer: torch.optim.Optimizer, warmup_steps: int,
-                       total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def _warmup_then_linear(optimizer: torch.optim.Optimizer, warmup_steps: int,
+                        total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """Return a schedule counted in OPTIMIZER steps: linear warm-up, then linear decay."""
     def factor(step: int) -> float:
         if step < warmup_steps:
@@ -92,63 +126,16 @@ def warmup_then_linear(optimizer: torch.optim.Optimizer, warmup_steps: int,
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def evaluate(model: nn.Module, columns: dict[str, Tensor], ctx: DistributedContext,
-             micro_batch_size: int) -> dict[str, float]:
-    """Validation loss, accuracy and macro-F1 over the WHOLE split: rank r takes rows
-    r, r + W, ... (no padding, so nothing is counted twice) and the results are gathered."""
-    rows = torch.arange(ctx.rank, len(columns["labels"]), ctx.world_size)
-    mine = {key: column[rows].to(ctx.device) for key, column in columns.items()}
-    summed = count = 0.0
-    predictions = torch.zeros(0, dtype=torch.long)
-    if len(rows):  # fewer validation notes than ranks leaves some ranks none
-        was_training = model.training
-        model.eval()
-        with torch.no_grad():  # in micro-batches: a whole split at 512 tokens would not fit
-            for part in split_into_micro_batches(mine, micro_batch_size=micro_batch_size):
-                part_loss, part_items = bert_classification_loss(model, part)
-                summed, count = summed + float(part_loss), count + float(part_items)
-        model.train(was_training)
-        predictions = predict_classes(model, mine, micro_batch_size=micro_batch_size).cpu()
-    parts = [(summed, count, predictions, mine["labels"].cpu())]
-    if ctx.world_size > 1:
-        parts = [None] * ctx.world_size
-        dist.all_gather_object(parts, (summed, count, predictions, mine["labels"].cpu()))
-    scores = classification_scores(torch.cat([p[2] for p in parts]),
-                                   torch.cat([p[3] for p in parts]), len(LABELS))
-    return {"validation_loss": sum(p[0] for p in parts) / sum(p[1] for p in parts),
-            "accuracy": scores["accuracy"], "macro_f1": scores["macro_f1"],
-            "validation_samples": int(sum(p[1] for p in parts))}
-
-
-def summary(epochs_log: list[dict], optimizer_steps: int, effective_batch: int) -> str:
-    """Return the end-of-run lines: epochs, optimizer steps, effective batch, and each
-    epoch's validation loss, accuracy and macro-F1."""
-    lines = [f"{len(epochs_log)} epochs, {optimizer_steps} optimizer steps, effective batch "
-             f"{effective_batch}; validation after each epoch:",
-             "epoch   loss  accuracy  macro-F1"]
-    lines += [f"{e['epoch']:5d} {e['validation_loss']:6.3f} {e['accuracy']:9.3f} "
-              f"{e['macro_f1']:9.3f}" for e in epochs_log]
-    return "\n".join(lines)
-
-
-def _atomic_json(path: Path, payload: object) -> None:
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    temporary.write_text(json.dumps(payload, indent=1))
-    os.replace(temporary, path)
-
-
-def run(arguments: argparse.Namespace) -> dict:
-    """Train, evaluate and save; return the log (complete on rank 0)."""
-    ctx = init_distributed(arguments.timeout)
-    started = time.perf_counter()
-    set_seed(arguments.seed + ctx.rank)  # torch seeds itself randomly in each new process
+def _build(arguments: argparse.Namespace, ctx: DistributedContext) -> tuple[_Job, str]:
+    """Check the sizes (before anything is built), encode the data, build the model, the
+    sampler and the trainer; return the job and the start line's note on uneven ranks."""
     corpus = load_emr_split("train")
-    note = check_sizes(arguments, len(corpus), ctx.world_size)  # before anything is built
+    note = check_sizes(arguments, len(corpus), ctx.world_size)
     tokenizer = load_tokenizer()
-    train_records = corpus[:arguments.train_samples]
-    validation_records = load_emr_split("validation")[:arguments.validation_samples]
-    dataset = EncodedNotes(encode_records(train_records, tokenizer, arguments.max_length))
-    validation = encode_records(validation_records, tokenizer, arguments.max_length)
+    dataset = _EncodedNotes(encode_records(corpus[:arguments.train_samples], tokenizer,
+                                           arguments.max_length))
+    validation = encode_records(load_emr_split("validation")[:arguments.validation_samples],
+                                tokenizer, arguments.max_length)
     base = build_model(arguments, len(tokenizer)).to(ctx.device)
     counter = CommCounter()
     model: nn.Module = base
@@ -161,76 +148,180 @@ def run(arguments: argparse.Namespace) -> dict:
                                  drop_last=arguments.drop_last)
     windows_per_epoch = -(-len(sampler) // (arguments.micro_batch_size
                                             * arguments.accumulation_steps))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=arguments.lr)
-    warmup = (arguments.warmup_steps if arguments.warmup_steps is not None
-              else math.ceil(arguments.epochs * windows_per_epoch / 10))
-    trainer = AccumulationTrainer(
-        model, bert_classification_loss, optimizer,
-        accumulation_steps=arguments.accumulation_steps,
-        scheduler=warmup_then_linear(optimizer, warmup, arguments.epochs * windows_per_epoch),
-        max_grad_norm=arguments.max_grad_norm, amp_dtype=AMP[arguments.amp],
-        progress=not arguments.no_progress and ctx.is_main)
+    trainer = _trainer(arguments, ctx, model, windows_per_epoch)
     # checkpoints and exact resume around the engine; the flags that define the run must match
     resumable = Resumable(trainer, run=run_definition(arguments, ctx.world_size))
-    effective = arguments.micro_batch_size * arguments.accumulation_steps * ctx.world_size
-    directory = arguments.checkpoint_dir
-    checkpoint = directory / CHECKPOINT if directory else None
-    epochs_log: list[dict] = []
+    return _Job(arguments, ctx, dataset, validation, base, counter, sampler, windows_per_epoch,
+                resumable), note
+
+
+def _trainer(arguments: argparse.Namespace, ctx: DistributedContext, model: nn.Module,
+             windows_per_epoch: int) -> AccumulationTrainer:
+    """AdamW, its warm-up-then-linear schedule over the whole run, and the engine."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=arguments.lr)
+    total = arguments.epochs * windows_per_epoch
+    warmup = (arguments.warmup_steps if arguments.warmup_steps is not None
+              else math.ceil(total / 10))
+    return AccumulationTrainer(
+        model, bert_classification_loss, optimizer,
+        accumulation_steps=arguments.accumulation_steps,
+        scheduler=_warmup_then_linear(optimizer, warmup, total),
+        max_grad_norm=arguments.max_grad_norm, amp_dtype=AMP[arguments.amp],
+        progress=not arguments.no_progress and ctx.is_main,
+        observers=[_Delay(arguments.window_delay)] if arguments.window_delay else [])
+
+
+def _evaluate(job: _Job, epoch: int) -> dict[str, float]:
+    """Epoch ``epoch``'s validation record: loss, accuracy and macro-F1 over the WHOLE split:
+    rank r takes rows r, r + W, ... (no padding, so nothing is counted twice), gathered."""
+    ctx, columns, size = job.ctx, job.validation, job.arguments.micro_batch_size
+    rows = torch.arange(ctx.rank, len(columns["labels"]), ctx.world_size)
+    mine = {key: column[rows].to(ctx.device) for key, column in columns.items()}
+    summed = count = 0.0
+    predictions = torch.zeros(0, dtype=torch.long)
+    # the unwrapped module: DDP's forward would broadcast buffers, a collective that a rank
+    # without validation notes would never join
+    model = job.base
+    if len(rows):  # fewer validation notes than ranks leaves some ranks none
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():  # in micro-batches: a whole split at 512 tokens would not fit
+            for part in split_into_micro_batches(mine, micro_batch_size=size):
+                part_loss, part_items = bert_classification_loss(model, part)
+                summed, count = summed + float(part_loss), count + float(part_items)
+        model.train(was_training)
+        predictions = predict_classes(model, mine, micro_batch_size=size).cpu()
+    parts = [(summed, count, predictions, mine["labels"].cpu())]
+    if ctx.world_size > 1:
+        parts = [None] * ctx.world_size
+        dist.all_gather_object(parts, (summed, count, predictions, mine["labels"].cpu()))
+    scores = classification_scores(torch.cat([p[2] for p in parts]),
+                                   torch.cat([p[3] for p in parts]), len(LABELS))
+    return {"epoch": epoch,
+            "validation_loss": sum(p[0] for p in parts) / sum(p[1] for p in parts),
+            "accuracy": scores["accuracy"], "macro_f1": scores["macro_f1"],
+            "validation_samples": int(sum(p[1] for p in parts))}
+
+
+def _write_json(path: Path, payload: object) -> None:
+    write_atomically(path, json.dumps(payload, indent=1).encode())
+
+
+def _start(job: _Job) -> tuple[list[dict], list[int], dict | None]:
+    """Clear what a killed run left, then resume from the checkpoint when asked; return the
+    validation records so far, the epochs whose record is lost, and where the run resumed."""
+    arguments, ctx = job.arguments, job.ctx
+    if ctx.is_main:
+        if arguments.checkpoint_dir is not None:
+            arguments.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        for path in (job.path(_CHECKPOINT), job.path(_EPOCHS_LOG), job.path(_FINAL),
+                     arguments.json):  # every file the run writes, temporary first
+            if path is not None:
+                remove_stale_temporaries(path)
+    checkpoint = job.path(_CHECKPOINT)
+    if not arguments.resume:
+        return [], [], None
+    if not checkpoint.is_file():
+        if ctx.is_main:
+            print(f"no checkpoint in {arguments.checkpoint_dir}: starting from step 0",
+                  flush=True)
+        return [], [], None
+    job.resumable.load_checkpoint(checkpoint)
+    trainer = job.trainer
+    records, lost = _validation_records(job)
+    return records, lost, {"epoch": trainer.epoch, "window": trainer.windows_done,
+                           "optimizer_steps": trainer.optimizer_steps}
+
+
+def _validation_records(job: _Job) -> tuple[list[dict], list[int]]:
+    """The records of the epochs the checkpoint has trained. One the run was killed before
+    writing is evaluated again when the checkpoint holds that epoch's end model; any other
+    missing one is named (returned as lost), never dropped in silence."""
+    path, trainer = job.path(_EPOCHS_LOG), job.trainer
+    saved = json.loads(path.read_text()) if path.is_file() else []
+    records = [record for record in saved if record["epoch"] < trainer.epoch]
+    missing = sorted(set(range(trainer.epoch)) - {record["epoch"] for record in records})
+    if missing and missing[-1] == trainer.epoch - 1 and trainer.windows_done == 0:
+        if job.ctx.is_main:
+            print(f"epoch {missing[-1]} has a checkpoint but no validation record: evaluating "
+                  "its model again", flush=True)
+        records.append(_evaluate(job, missing.pop()))  # the checkpoint's is its end model
+        records.sort(key=lambda record: record["epoch"])
+        if job.ctx.is_main:
+            _write_json(path, records)
+    if job.ctx.is_main:
+        for epoch in missing:
+            print(f"warning: epoch {epoch} has no validation record in {path} and its model "
+                  "is gone (the checkpoint is past it)", file=sys.stderr, flush=True)
+    return records, missing
+
+
+def _train_epochs(job: _Job, records: list[dict]) -> None:
+    """Train the remaining epochs; after each, its validation record, written before the
+    epoch-end checkpoint (a kill between the two resumes before the record and redoes it)."""
+    arguments, trainer = job.arguments, job.trainer
+    checkpoint, every = job.path(_CHECKPOINT), arguments.checkpoint_every
+    for epoch in range(trainer.epoch, arguments.epochs):
+        job.sampler.set_epoch(epoch)
+        loader = DataLoader(job.dataset, batch_size=arguments.micro_batch_size,
+                            sampler=job.sampler)
+        job.resumable.train_epoch(loader, checkpoint_path=checkpoint if every else None,
+                                  checkpoint_every=every)
+        records.append(_evaluate(job, epoch))
+        if checkpoint is not None:  # the epoch boundary is a resume point too
+            if job.ctx.is_main:
+                _write_json(job.path(_EPOCHS_LOG), records)
+            job.resumable.save_checkpoint(checkpoint)
+
+
+def _summary(job: _Job, records: list[dict], lost: list[int]) -> str:
+    """Return the end-of-run lines: epochs, optimizer steps, effective batch, and each
+    epoch's validation loss, accuracy and macro-F1 (or that its record is lost)."""
+    trainer = job.trainer
+    rows = {record["epoch"]: f"{record['epoch']:5d} {record['validation_loss']:6.3f} "
+                             f"{record['accuracy']:9.3f} {record['macro_f1']:9.3f}"
+            for record in records}
+    rows |= {epoch: f"{epoch:5d}   (no validation record)" for epoch in lost}
+    return "\n".join([f"{trainer.epoch} epochs, {trainer.optimizer_steps} optimizer steps, "
+                      f"effective batch {job.effective_batch}; validation after each epoch:",
+                      "epoch   loss  accuracy  macro-F1", *(rows[e] for e in sorted(rows))])
+
+
+def _run(arguments: argparse.Namespace) -> dict:
+    """Train, evaluate and save; return the log (complete on rank 0)."""
+    ctx = init_distributed(arguments.timeout)
+    started = time.perf_counter()
+    set_seed(arguments.seed + ctx.rank)  # torch seeds itself randomly in each new process
+    job, note = _build(arguments, ctx)
+    records, lost, resumed_from = _start(job)
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    resumed_from = None
-    if directory is not None and ctx.is_main:
-        directory.mkdir(parents=True, exist_ok=True)
-    if arguments.resume and not checkpoint.is_file() and ctx.is_main:
-        print(f"no checkpoint in {directory}: starting from step 0", flush=True)
-    if arguments.resume and checkpoint.is_file():
-        resumable.load_checkpoint(checkpoint)
-        if (directory / EPOCHS_LOG).is_file():
-            epochs_log = json.loads((directory / EPOCHS_LOG).read_text())[:trainer.epoch]
-        resumed_from = {"epoch": trainer.epoch, "window": trainer.windows_done,
-                        "optimizer_steps": trainer.optimizer_steps}
     if ctx.is_main:
         print(f"effective batch = micro-batch {arguments.micro_batch_size} x k "
-              f"{arguments.accumulation_steps} x world {ctx.world_size} = {effective}; "
-              f"{windows_per_epoch} optimizer steps per epoch{note}"
+              f"{arguments.accumulation_steps} x world {ctx.world_size} = "
+              f"{job.effective_batch}; {job.windows_per_epoch} optimizer steps per epoch{note}"
               + (f"; resumed at {resumed_from} (restart {restarts})" if resumed_from else ""),
               flush=True)
-
-    delay = arguments.window_delay
-    for epoch in range(trainer.epoch, arguments.epochs):
-        sampler.set_epoch(epoch)
-        loader = DataLoader(dataset, batch_size=arguments.micro_batch_size, sampler=sampler)
-        if delay:  # fault tests: slow windows leave time to kill a worker mid-epoch
-            trainer.observers = [_Delay(delay)]
-        every = arguments.checkpoint_every
-        resumable.train_epoch(loader, checkpoint_path=checkpoint if every else None,
-                              checkpoint_every=every)
-        # the unwrapped module: DDP's forward would broadcast buffers, a collective that a
-        # rank without validation notes would never join
-        epochs_log.append({"epoch": epoch, **evaluate(base, validation, ctx,
-                                                      arguments.micro_batch_size)})
-        if checkpoint is not None:  # the epoch boundary is a resume point too
-            resumable.save_checkpoint(checkpoint)
-            if ctx.is_main:
-                _atomic_json(directory / EPOCHS_LOG, epochs_log)
+    _train_epochs(job, records)
     if ctx.is_main:
-        print(summary(epochs_log, trainer.optimizer_steps, effective), flush=True)
+        print(_summary(job, records, lost), flush=True)
     log = {
         "world_size": ctx.world_size, "backend": ctx.backend,
         "accumulation_steps": arguments.accumulation_steps,
-        "micro_batch_size": arguments.micro_batch_size, "effective_batch_size": effective,
-        "windows_per_epoch": windows_per_epoch, "restarts": restarts,
+        "micro_batch_size": arguments.micro_batch_size,
+        "effective_batch_size": job.effective_batch,
+        "windows_per_epoch": job.windows_per_epoch, "restarts": restarts,
         "resumed_from": resumed_from,
         "steps": [{"loss": r.loss, "lr": r.learning_rate, "grad_norm": r.grad_norm,
-                   "items": r.items, "epoch": r.epoch} for r in trainer.history.records],
-        "epochs": epochs_log, "allreduce_bytes": counter.take()["bytes"],
+                   "items": r.items, "epoch": r.epoch} for r in job.trainer.history.records],
+        "epochs": records, "epochs_without_validation": lost,
+        "allreduce_bytes": job.counter.take()["bytes"],
         "seconds": time.perf_counter() - started,
     }
-    if ctx.is_main and directory is not None:
-        final = directory / FINAL
-        temporary = directory / f".{FINAL}.tmp-{os.getpid()}"
-        torch.save(base.state_dict(), temporary)
-        os.replace(temporary, final)
-        log["final"] = str(final)
+    final = job.path(_FINAL)
+    if ctx.is_main and final is not None:
+        buffer = io.BytesIO()
+        torch.save(job.base.state_dict(), buffer)
+        log["final"] = str(write_atomically(final, buffer.getbuffer()))
     return log
 
 
@@ -239,9 +330,9 @@ def _written_files(arguments: argparse.Namespace) -> str:
     the logs and the checkpoint (or a line saying that nothing was saved)."""
     directory = arguments.checkpoint_dir
     files = [] if directory is None else [
-        (directory / FINAL, "the model's state_dict"),
-        (directory / EPOCHS_LOG, "each epoch's validation loss, accuracy and macro-F1"),
-        (directory / CHECKPOINT, "the last checkpoint, which --resume continues from")]
+        (directory / _FINAL, "the model's state_dict"),
+        (directory / _EPOCHS_LOG, "each epoch's validation loss, accuracy and macro-F1"),
+        (directory / _CHECKPOINT, "the last checkpoint, which --resume continues from")]
     if arguments.json:
         files.append((arguments.json, "the JSON log (the run and every optimizer step)"))
     lines = [f"wrote {path}: {what}" for path, what in files if path.is_file()]
@@ -249,7 +340,9 @@ def _written_files(arguments: argparse.Namespace) -> str:
 
 
 class _Delay:
-    """An observer that sleeps once per window (fault tests only)."""
+    """An observer that sleeps at the end of every window: ``--window-delay``, for the fault
+    tests only. It is the honest way to kill a worker mid-epoch: the tests' tiny job trains an
+    epoch in well under a second, too fast to aim a kill between two checkpoints."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
@@ -267,11 +360,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = parse_arguments(argv)
     try:
         with process_group_session():
-            log = run(arguments)
+            log = _run(arguments)
             main_rank = not dist.is_initialized() or dist.get_rank() == 0
             if main_rank and arguments.json:
                 arguments.json.parent.mkdir(parents=True, exist_ok=True)
-                _atomic_json(arguments.json, log)
+                _write_json(arguments.json, log)
             if main_rank:
                 print(_written_files(arguments), flush=True)
     except (JobError, CheckpointError) as refusal:  # every rank refuses; rank 0 says why

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
 from ..runtime import get_profile
 
-MODEL_SIZES = ("tiny", "base")
+__all__ = ["AMP", "DTYPES", "JobError", "check_sizes", "parse_arguments", "run_definition"]
+
+_MODEL_SIZES = ("tiny", "base")
 AMP = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -42,10 +44,31 @@ def _positive_float(text: str) -> float:
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Return the command line parsed and checked (argparse errors for bad flags)."""
-    profile = get_profile()
     parser = argparse.ArgumentParser(prog="python -m gradaccum_lib.jobs.train",
                                      description=__doc__.split("\n\n")[0])
-    add = parser.add_argument
+    _add_run_flags(parser.add_argument)
+    _add_job_flags(parser.add_argument)
+    arguments = parser.parse_args(argv)
+    if not 0.0 <= arguments.dropout < 1.0:
+        parser.error(f"--dropout must be in [0, 1); got {arguments.dropout}")
+    if arguments.max_length > 512:
+        parser.error(f"--max-length must be at most 512 (BERT's positions); got "
+                     f"{arguments.max_length}")
+    if arguments.max_length < 3:
+        parser.error("--max-length must be at least 3 ([CLS], a token, [SEP])")
+    if (arguments.checkpoint_every or arguments.resume) and arguments.checkpoint_dir is None:
+        parser.error("--checkpoint-every and --resume need --checkpoint-dir")
+    if arguments.checkpoint_dir is not None and arguments.checkpoint_dir.exists() and (
+            not arguments.checkpoint_dir.is_dir()):
+        parser.error(f"--checkpoint-dir {arguments.checkpoint_dir} is a file, not a folder")
+    if arguments.amp == "fp16" and not torch.cuda.is_available():
+        parser.error("--amp fp16 needs CUDA (GradScaler); use --amp bf16 on a CPU")
+    return arguments
+
+
+def _add_run_flags(add: Callable[..., object]) -> None:
+    """The flags of the model, the data and the optimization (most of them define the run)."""
+    profile = get_profile()
     add("--accumulation-steps", type=_positive_int, default=4)
     add("--micro-batch-size", type=_positive_int, default=8)
     add("--epochs", type=_positive_int, default=profile.emr_epochs,
@@ -65,7 +88,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="model initialisation and sampler order; dropout uses seed + rank")
     add("--dropout", type=float, default=0.1,
         help="dropout probability (0: runs split differently over ranks give equal results)")
-    add("--model-size", choices=MODEL_SIZES, default="tiny",
+    add("--model-size", choices=_MODEL_SIZES, default="tiny",
         help="tiny: sized by GRADACCUM_PROFILE (hidden x layers, default --max-length: ci "
              "64 x 2, 128; cpu 128 x 2, 256; gpu 256 x 4, 512); base: BERT-base (768 x 12 "
              "layers, for a GPU)")
@@ -73,39 +96,29 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="tokens per note (the article's records are 512)")
     add("--train-samples", type=_positive_int, default=None, help="default: the whole split")
     add("--validation-samples", type=_positive_int, default=None)
+    add("--drop-last", action="store_true",
+        help="drop the samples that do not divide by the world size (default: the sampler "
+             "repeats a few to even the ranks out)")
+
+
+def _add_job_flags(add: Callable[..., object]) -> None:
+    """The flags of where the job writes, how it resumes, and how it shows progress."""
     add("--checkpoint-dir", type=Path, default=None)
     add("--checkpoint-every", type=_positive_int, default=None, help="windows")
     add("--resume", action="store_true",
         help="continue from the checkpoint in the directory (only --epochs, --checkpoint-every, "
              "--json, --no-progress and --timeout may change; the flags that define the run "
              "must match the checkpoint's)")
-    add("--drop-last", action="store_true",
-        help="drop the samples that do not divide by the world size (default: the sampler "
-             "repeats a few to even the ranks out)")
     add("--json", type=Path, default=None, help="where rank 0 writes the log")
     add("--no-progress", action="store_true")
     add("--timeout", type=_positive_float, default=300.0, help="process-group timeout, s")
-    add("--window-delay", type=float, default=0.0, help=argparse.SUPPRESS)  # fault tests
-    arguments = parser.parse_args(argv)
-    if not 0.0 <= arguments.dropout < 1.0:
-        parser.error(f"--dropout must be in [0, 1); got {arguments.dropout}")
-    if arguments.max_length > 512:
-        parser.error(f"--max-length must be at most 512 (BERT's positions); got "
-                     f"{arguments.max_length}")
-    if arguments.max_length < 3:
-        parser.error("--max-length must be at least 3 ([CLS], a token, [SEP])")
-    if (arguments.checkpoint_every or arguments.resume) and arguments.checkpoint_dir is None:
-        parser.error("--checkpoint-every and --resume need --checkpoint-dir")
-    if arguments.checkpoint_dir is not None and arguments.checkpoint_dir.exists() and (
-            not arguments.checkpoint_dir.is_dir()):
-        parser.error(f"--checkpoint-dir {arguments.checkpoint_dir} is a file, not a folder")
-    if arguments.amp == "fp16" and not torch.cuda.is_available():
-        parser.error("--amp fp16 needs CUDA (GradScaler); use --amp bf16 on a CPU")
-    return arguments
+    # fault tests only: a pause after every window, so that a test can kill a worker mid-epoch
+    # (the tests' job trains an epoch in well under a second); hidden from --help
+    add("--window-delay", type=float, default=0.0, help=argparse.SUPPRESS)
 
 
 #: the flags that define a run: a checkpoint stores them, a resume must repeat them
-RUN_FLAGS = ("model_size", "max_length", "dtype", "dropout", "micro_batch_size",
+_RUN_FLAGS = ("model_size", "max_length", "dtype", "dropout", "micro_batch_size",
              "accumulation_steps", "train_samples", "drop_last", "seed", "lr", "warmup_steps",
              "max_grad_norm", "amp")
 
@@ -116,7 +129,7 @@ class JobError(ValueError):
 
 def run_definition(arguments: argparse.Namespace, world_size: int) -> dict[str, object]:
     """Return ``{"--flag": value}`` for the flags that define the run, and the world size."""
-    return {**{"--" + name.replace("_", "-"): getattr(arguments, name) for name in RUN_FLAGS},
+    return {**{"--" + name.replace("_", "-"): getattr(arguments, name) for name in _RUN_FLAGS},
             "world size": world_size}
 
 
