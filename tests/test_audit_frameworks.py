@@ -16,7 +16,7 @@ from gradaccum_lib.audits.hf_trainer import (
     hf_trainer_clipped_run,
     hf_trainer_step,
     hf_trainer_train_sampler,
-    summed_cross_entropy_over_window,
+    _summed_cross_entropy_over_window,
 )
 from gradaccum_lib.batches import concatenate_micro_batches
 from gradaccum_lib.equivalence import AuditResult, audit_update
@@ -101,9 +101,9 @@ def test_window_dataset_and_loss_func(emr_window):
     labels = torch.tensor([0, 1, 2, 1])
     summed = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
     torch.testing.assert_close(
-        summed_cross_entropy_over_window({"logits": logits}, labels, num_items_in_batch=8),
+        _summed_cross_entropy_over_window({"logits": logits}, labels, num_items_in_batch=8),
         summed / 8)
-    torch.testing.assert_close(summed_cross_entropy_over_window((logits,), labels), summed / 4)
+    torch.testing.assert_close(_summed_cross_entropy_over_window((logits,), labels), summed / 4)
 
 
 def test_concatenate_micro_batches_inverts_split_and_rejects_mismatches():

@@ -497,9 +497,9 @@ CASES = [
         nn.ReLU(), LOSS, BATCH), T, r"model must be a torch\.nn\.Module with parameters; got ReLU"),
     row("static-bytes-optimizer-str", lambda tmp: memory.static_bytes(_model(), "adam"), T,
         r"optimizer must be None or a torch\.optim\.Optimizer; got str"),
-    row("tensor-bytes-tensor", lambda tmp: memory.tensor_bytes(torch.zeros(3)), T,
+    row("tensor-bytes-tensor", lambda tmp: memory._tensor_bytes(torch.zeros(3)), T,
         r"tensors must be an iterable of Tensors .* got Tensor"),
-    row("tensor-bytes-item", lambda tmp: memory.tensor_bytes([torch.zeros(3), 4]), T,
+    row("tensor-bytes-item", lambda tmp: memory._tensor_bytes([torch.zeros(3), 4]), T,
         r"tensors\[1\] must be a Tensor; got int"),
     row("cuda-peak-step-not-callable", lambda tmp: memory.cuda_peak_bytes(3), T,
         r"step must be a callable taking no argument; got int"),
@@ -585,9 +585,9 @@ CASES = [
         _model(), {"input_ids": INPUTS, "attention_mask": INPUTS}, micro_batch_size=0), V,
         r"micro_batch_size must be a positive int; got 0"),
     # ---- noise
-    row("noise-batches-equal", lambda tmp: noise.noise_scale_estimates(1.0, 1.0, 8, 8), V,
+    row("noise-batches-equal", lambda tmp: noise._noise_scale_estimates(1.0, 1.0, 8, 8), V,
         r"need 0 < small_batch < big_batch; got small_batch=8, big_batch=8"),
-    row("noise-norm-nan", lambda tmp: noise.noise_scale_estimates(float("nan"), 1.0, 8, 32), V,
+    row("noise-norm-nan", lambda tmp: noise._noise_scale_estimates(float("nan"), 1.0, 8, 32), V,
         r"small_squared_norm must be a finite number >= 0; got nan"),
     row("noise-one-row", lambda tmp: noise.brute_force_noise_scale(torch.ones(1, 3)), V,
         r"per_sample_gradients must be a 2-dim tensor with at least 2 rows; got shape \(1, 3\)"),
@@ -657,17 +657,17 @@ CASES = [
         {**models.ROBERTA_WWM_EXT_LARGE, "vocab_size": 0}), V,
         r"config\['vocab_size'\] must be a positive int; got 0"),
     # ---- widgets: pure functions and the explorers' arguments
-    row("describe-plan-none", lambda tmp: widgets.describe_plan(None, None), T,
+    row("describe-plan-none", lambda tmp: widgets._describe_plan(None, None), T,
         r"plan must be a AccumulationPlan .* got NoneType"),
-    row("describe-cluster-str", lambda tmp: widgets.describe_cluster_plan("plan"), T,
+    row("describe-cluster-str", lambda tmp: widgets._describe_cluster_plan("plan"), T,
         r"plan must be a ClusterPlan .* got str"),
-    row("describe-ddp-k-0", lambda tmp: widgets.describe_ddp_step(DDP_MODEL, 0), V,
+    row("describe-ddp-k-0", lambda tmp: widgets._describe_ddp_step(DDP_MODEL, 0), V,
         r"accumulation_steps must be a positive int; got 0"),
-    row("describe-ddp-model-none", lambda tmp: widgets.describe_ddp_step(None, 2), T,
+    row("describe-ddp-model-none", lambda tmp: widgets._describe_ddp_step(None, 2), T,
         r"model must be a DdpStepModel .* got NoneType"),
-    row("describe-rates-measured-list", lambda tmp: widgets.describe_learning_rates(
+    row("describe-rates-measured-list", lambda tmp: widgets._describe_learning_rates(
         1e-3, 32, 64, []), T, r"measured must be a dict .* got list"),
-    row("describe-rates-batch-0", lambda tmp: widgets.describe_learning_rates(
+    row("describe-rates-batch-0", lambda tmp: widgets._describe_learning_rates(
         1e-3, 32, 0, {}), V, r"batch must be a positive int; got 0"),
     row("explorer-k-above-slider", lambda tmp: widgets.accumulation_explorer(
         num_parameters=10, activation_bytes_per_sample=1.0, step_time=STEP_TIME,
@@ -686,7 +686,7 @@ CASES = [
         r"num_layers must be an int in \[1, 96\]; got 100"),
     row("rates-explorer-base-not-offered", lambda tmp: widgets.learning_rate_explorer(
         1e-3, 32, [16, 64], {}), V, r"base_batch must be one of batches \[16, 64\] .* got 32"),
-    row("figure-png-none", lambda tmp: widgets.figure_png(None), T,
+    row("figure-png-none", lambda tmp: widgets._figure_png(None), T,
         r"figure must be a Figure .* got NoneType"),
     # ---- the EMR corpus command and the DDP program's command line (stderr is checked)
     row("corpus-command-foreign-files", lambda tmp: emr_corpus.main(

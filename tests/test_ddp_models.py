@@ -7,7 +7,7 @@ import pytest
 from gradaccum_lib.jobs.launch import launch, torchrun_command
 from gradaccum_lib.measure.planning import DdpStepModel, fit_ddp_step_model
 from gradaccum_lib.notebook.plots import plot_ddp_step
-from gradaccum_lib.notebook.widgets import ddp_time_explorer, describe_ddp_step
+from gradaccum_lib.notebook.widgets import ddp_time_explorer, _describe_ddp_step
 
 
 def test_ddp_step_model_times_and_shares():
@@ -62,9 +62,9 @@ def test_ddp_time_explorer_redraws():
     explorer = ddp_time_explorer(0.001, comm_share=0.6, accumulation_steps=8)
     steps, share, summary, image = explorer.children
     model = DdpStepModel.from_comm_share(0.001, 0.6)
-    assert summary.value == describe_ddp_step(model, 8)
+    assert summary.value == _describe_ddp_step(model, 8)
     first = bytes(image.value)
     share.value = 0.2
-    assert summary.value == describe_ddp_step(DdpStepModel.from_comm_share(0.001, 0.2), 8)
+    assert summary.value == _describe_ddp_step(DdpStepModel.from_comm_share(0.001, 0.2), 8)
     assert bytes(image.value) != first
     assert len(plot_ddp_step(model, 4).axes[0].patches) == 4

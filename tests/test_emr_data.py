@@ -16,12 +16,12 @@ from gradaccum_lib.workloads.data import (
 )
 from gradaccum_lib.workloads.emr_corpus import (
     DATA_DIR,
-    DIAGNOSES,
+    _DIAGNOSES,
     LABELS,
-    build_vocabulary,
+    _build_vocabulary,
     corpus_statistics,
     generate_emr_corpus,
-    write_emr_corpus,
+    _write_emr_corpus,
 )
 from gradaccum_lib.workloads.models import make_tiny_bert, make_tiny_causal_lm
 
@@ -48,11 +48,11 @@ def test_corpus_distributions_imbalance_lengths_sections_negations():
         assert sum(section in t for t in texts) > 100
     assert sum("否认" in t for t in texts) > 500 and sum("无" in t for t in texts) > 1000
     assert all(r["diagnosis"] == LABELS[r["label"]] for r in records)
-    assert len(DIAGNOSES) == 10
+    assert len(_DIAGNOSES) == 10
 
 
 def test_shipped_data_is_exactly_what_the_generator_writes(tmp_path):
-    written = write_emr_corpus(tmp_path)
+    written = _write_emr_corpus(tmp_path)
     for path in written.values():
         assert path.read_bytes() == (DATA_DIR / path.name).read_bytes(), path.name
 
@@ -69,7 +69,7 @@ def test_load_emr_split_and_its_errors(tmp_path):
 
 
 def test_vocabulary_has_specials_characters_and_continuations():
-    vocabulary = build_vocabulary(["头痛 36.5℃", "BP"])
+    vocabulary = _build_vocabulary(["头痛 36.5℃", "BP"])
     assert vocabulary[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     assert "头" in vocabulary and "##5" in vocabulary and "##℃" in vocabulary
     assert "##头" not in vocabulary  # CJK characters are split, never continued

@@ -15,7 +15,7 @@ from test_portability import rounding_level_numbers
 from torch import nn
 
 from gradaccum_lib.losses import token_classification_loss
-from gradaccum_lib.notebook.exercises import EXERCISES, WrongAnswer, check_exercise
+from gradaccum_lib.notebook.exercises import _EXERCISES, WrongAnswer, check_exercise
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 CHECK = re.compile(r"check_exercise\(\s*\"(\d\d[a-z]?\.\d)\"")  # 04.1, 04b.1
@@ -75,7 +75,7 @@ CASES = {
 
 
 def test_every_exercise_has_a_case() -> None:
-    assert set(CASES) == set(EXERCISES)
+    assert set(CASES) == set(_EXERCISES)
 
 
 @pytest.mark.parametrize("exercise_id", sorted(CASES))
@@ -92,7 +92,7 @@ def test_checker(exercise_id: str, capsys: pytest.CaptureFixture[str]) -> None:
         check_exercise(exercise_id, wrong, **context)
     lines = str(wrong_answer.value).splitlines()
     assert len(lines) == 3 and lines[0].startswith(f"✗ Exercise {exercise_id} (")
-    assert lines[1] == f"Expected: {EXERCISES[exercise_id].expects}."
+    assert lines[1] == f"Expected: {_EXERCISES[exercise_id].expects}."
     assert lines[2].startswith("Hint: ") and len(lines[2]) > len("Hint: ") + 10
     assert wrong_answer.value._render_traceback_() == lines  # what IPython shows instead
     assert wrong_answer.value.__cause__ is None and wrong_answer.value.__suppress_context__
@@ -226,7 +226,7 @@ def test_in_a_kernel_a_wrong_answer_is_one_short_message_without_a_traceback(ker
                 or "Traceback" in line or "File " in line], lines
     assert lines == [
         "✗ Exercise 04.1 (k for 256 samples on 8 GPUs): not right yet.",
-        f"Expected: {EXERCISES['04.1'].expects}.",
+        f"Expected: {_EXERCISES['04.1'].expects}.",
         "Hint: k=32 gives 1024 samples",
     ]
 
@@ -275,14 +275,14 @@ def _wrong_lines(exercise_id: str, answer: object, context: dict) -> list[str]:
 def test_in_the_chinese_edition_the_hint_is_chinese(exercise_id: str, answer: object,
                                                     context: dict,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from gradaccum_lib.notebook.exercises import EXPECTS_ZH
+    from gradaccum_lib.notebook.exercises import _EXPECTS_ZH
 
     monkeypatch.setenv("GRADACCUM_LANGUAGE", "en")
     english = _wrong_lines(exercise_id, answer, context)[2].removeprefix("Hint: ")
     monkeypatch.setenv("GRADACCUM_LANGUAGE", "zh")
     lines = _wrong_lines(exercise_id, answer, context)
     assert len(lines) == 3 and lines[0].startswith(f"✗ 练习 {exercise_id}（")
-    assert lines[1] == f"应当给出：{EXPECTS_ZH[exercise_id]}。"
+    assert lines[1] == f"应当给出：{_EXPECTS_ZH[exercise_id]}。"
     assert lines[2].startswith("提示：")
     hint = lines[2].removeprefix("提示：")
     assert CJK.search(hint) and not UNTRANSLATED.search(hint), hint
@@ -307,15 +307,15 @@ def test_without_a_chinese_hint_the_chinese_edition_shows_the_english_one(
     def english_only(answer: object) -> str:
         raise WrongAnswer(f"{answer} is not it")
 
-    monkeypatch.setitem(EXERCISES, "04.1", Exercise(EXERCISES["04.1"].title,
-                                                    EXERCISES["04.1"].expects, english_only))
+    monkeypatch.setitem(_EXERCISES, "04.1", Exercise(_EXERCISES["04.1"].title,
+                                                    _EXERCISES["04.1"].expects, english_only))
     monkeypatch.setenv("GRADACCUM_LANGUAGE", "zh")
     assert _wrong_lines("04.1", 7, {})[2] == "提示：7 is not it"
 
 
 def test_in_a_kernel_of_the_chinese_edition_the_hint_is_chinese_without_a_traceback(
         kernel) -> None:
-    from gradaccum_lib.notebook.exercises import EXPECTS_ZH, TITLES_ZH
+    from gradaccum_lib.notebook.exercises import _EXPECTS_ZH, _TITLES_ZH
 
     status, outputs = _execute(kernel, "import os\nfrom gradaccum_lib.notebook.exercises import "
                                        "check_exercise\n"
@@ -332,7 +332,7 @@ def test_in_a_kernel_of_the_chinese_edition_the_hint_is_chinese_without_a_traceb
     lines = [ANSI.sub("", line) for entry in outputs[0]["traceback"]
              for line in entry.splitlines()]
     assert lines == [
-        f"✗ 练习 04.1（{TITLES_ZH['04.1']}）：还不对。",
-        f"应当给出：{EXPECTS_ZH['04.1']}。",
+        f"✗ 练习 04.1（{_TITLES_ZH['04.1']}）：还不对。",
+        f"应当给出：{_EXPECTS_ZH['04.1']}。",
         "提示：k=32 给出的是 1024 个样本",
     ]

@@ -15,10 +15,10 @@ from gradaccum_lib.losses import sample_classification_loss
 from gradaccum_lib.measure.noise import (
     NoiseScaleTracker,
     brute_force_noise_scale,
-    noise_scale_estimates,
+    _noise_scale_estimates,
     scaled_learning_rate,
 )
-from gradaccum_lib.notebook.widgets import describe_learning_rates, learning_rate_explorer
+from gradaccum_lib.notebook.widgets import _describe_learning_rates, learning_rate_explorer
 from gradaccum_lib.workloads.data import make_toy_classification
 from gradaccum_lib.workloads.models import make_mlp
 
@@ -28,9 +28,9 @@ def test_estimators_are_unbiased_for_known_moments():
     squared_gradient, trace = 4.0, 60.0
     small = squared_gradient + trace / 8
     big = squared_gradient + trace / 32
-    assert noise_scale_estimates(small, big, 8, 32) == pytest.approx((4.0, 60.0))
+    assert _noise_scale_estimates(small, big, 8, 32) == pytest.approx((4.0, 60.0))
     with pytest.raises(ValueError, match="need 0 < small_batch < big_batch"):
-        noise_scale_estimates(1.0, 1.0, 8, 8)
+        _noise_scale_estimates(1.0, 1.0, 8, 8)
 
 
 def test_tracker_matches_brute_force_on_a_model_where_it_is_known():
@@ -84,7 +84,7 @@ def test_scaled_learning_rate_rules_and_widget():
     measured = {(64, "linear"): 1.5}
     explorer = learning_rate_explorer(1e-3, 32, [32, 64], measured)
     slider, summary = explorer.children
-    assert summary.value == describe_learning_rates(1e-3, 32, 32, measured)
+    assert summary.value == _describe_learning_rates(1e-3, 32, 32, measured)
     slider.value = 64
     assert "linear: lr 2.00e-03 -> 1.500" in summary.value
 

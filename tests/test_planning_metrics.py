@@ -24,7 +24,7 @@ from gradaccum_lib.measure.planning import (
     plan_cluster,
 )
 from gradaccum_lib.notebook.plots import plot_cluster_plan
-from gradaccum_lib.notebook.widgets import cluster_explorer, describe_cluster_plan
+from gradaccum_lib.notebook.widgets import cluster_explorer, _describe_cluster_plan
 from gradaccum_lib.workloads.data import make_toy_classification
 from gradaccum_lib.workloads.models import (
     ROBERTA_WWM_EXT_LARGE,
@@ -75,7 +75,7 @@ def test_plan_cluster_memory_effective_batch_and_fit():
                          accumulation_steps=3, world_size=5, device_bytes=expected.total,
                          reserved_bytes=1)
     assert not tight.fits
-    assert "does NOT fit" in describe_cluster_plan(tight)
+    assert "does NOT fit" in _describe_cluster_plan(tight)
     with pytest.raises(ValueError, match="num_layers must be a positive int; got 0"):
         plan_cluster(shape, num_layers=0, sequence_length=16, micro_batch_size=2,
                      accumulation_steps=3, world_size=5, device_bytes=1e6)

@@ -19,7 +19,7 @@ from gradaccum_lib.runtime import (
 )
 from gradaccum_lib.workloads.data import (
     IGNORE_INDEX,
-    PAD_ID,
+    _PAD_ID,
     make_toy_classification,
     make_toy_token_batch,
 )
@@ -103,7 +103,7 @@ def test_token_tagger_shapes_and_padding_embedding():
     tagger = TokenTagger(10, 4, 3, seed=0)
     logits = tagger(torch.tensor([[1, 2, 0]]))
     assert logits.shape == (1, 3, 3)
-    assert torch.equal(tagger.embedding.weight[PAD_ID], torch.zeros(4, dtype=torch.float64))
+    assert torch.equal(tagger.embedding.weight[_PAD_ID], torch.zeros(4, dtype=torch.float64))
 
 
 def test_toy_classification_is_deterministic_and_uses_every_class():
@@ -121,9 +121,9 @@ def test_toy_token_batch_lengths_padding_and_sorting():
     assert lengths.min() >= 2 and lengths.max() <= 10
     assert torch.equal(lengths, lengths.sort(descending=True).values)
     padding = batch["attention_mask"] == 0
-    assert bool((batch["input_ids"][padding] == PAD_ID).all())
+    assert bool((batch["input_ids"][padding] == _PAD_ID).all())
     assert bool((batch["labels"][padding] == IGNORE_INDEX).all())
-    assert bool((batch["input_ids"][~padding] != PAD_ID).all())
+    assert bool((batch["input_ids"][~padding] != _PAD_ID).all())
     with pytest.raises(ValueError, match=r"min_length must be an int in \[1, max_length=10\]"):
         make_toy_token_batch(5, 10, 30, 4, min_length=11)
     with pytest.raises(ValueError, match="vocab_size must be an int >= 2"):

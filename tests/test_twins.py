@@ -185,7 +185,7 @@ def test_exercise_feedback_follows_the_notebooks_language(monkeypatch, capsys) -
     monkeypatch.setenv("GRADACCUM_LANGUAGE", "en")
     assert exercises.language() == "en"
     # every exercise is framed in Chinese, and a twin's checker cells show the Chinese framing
-    assert set(exercises.TITLES_ZH) == set(exercises.EXERCISES) == set(exercises.EXPECTS_ZH)
+    assert set(exercises._TITLES_ZH) == set(exercises._EXERCISES) == set(exercises._EXPECTS_ZH)
     twin = json.loads((ROOT / "notebooks" / "zh" / "00_the_article.ipynb").read_text())
     checks = [cell for cell in twin["cells"] if cell["cell_type"] == "code"
               and "".join(cell["source"]).startswith("check_exercise(")]

@@ -11,9 +11,9 @@ from gradaccum_lib.measure.planning import StepTimeModel, plan_accumulation
 from gradaccum_lib.notebook.plots import plot_accumulation_plan, plot_curves, plot_memory_breakdown
 from gradaccum_lib.notebook.widgets import (
     accumulation_explorer,
-    describe_plan,
-    figure_png,
-    show_figure,
+    _describe_plan,
+    _figure_png,
+    _show_figure,
 )
 
 STEP_TIME = StepTimeModel(overhead_per_micro_step=0.002, seconds_per_sample=0.0001)
@@ -30,12 +30,12 @@ def test_explorer_shows_the_default_and_redraws_when_a_slider_moves():
                                      step_time=STEP_TIME, accumulation_steps=4,
                                      micro_batch_size=16)
     steps, size, summary, figure_area = explorer.children
-    assert summary.value == describe_plan(_plan(16, 4), _plan(64, 1))
+    assert summary.value == _describe_plan(_plan(16, 4), _plan(64, 1))
     assert summary.value.startswith("effective batch 64 = 16 x 4")
     first_image = bytes(figure_area.value)
     assert first_image.startswith(b"\x89PNG")
     steps.value = 8
-    assert summary.value == describe_plan(_plan(16, 8), _plan(128, 1))
+    assert summary.value == _describe_plan(_plan(16, 8), _plan(128, 1))
     assert bytes(figure_area.value) != first_image
     size.value = 2
     assert summary.value.startswith("effective batch 16 = 2 x 8")
@@ -64,7 +64,7 @@ def test_plot_curves_draws_every_curve_with_its_label():
 
 def test_figure_png_renders_in_memory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    png = figure_png(plot_curves({"a": [1.0, 2.0]}, xlabel="x", ylabel="y"))
+    png = _figure_png(plot_curves({"a": [1.0, 2.0]}, xlabel="x", ylabel="y"))
     assert png.startswith(b"\x89PNG") and list(tmp_path.iterdir()) == []
 
 
@@ -144,12 +144,12 @@ def test_show_figure_sizes_the_image_as_the_figure_at_the_browsers_dpi():
 
     figure = plot_curves({"a": [1.0, 2.0]}, xlabel="x", ylabel="y")
     image = ipw.Image(format="png")
-    show_figure(image, figure)
+    _show_figure(image, figure)
     # a browser's 96 CSS pixels to the inch: 6.4 x 3.6 in is 614.4 x 345.6
     width, height = figure.get_size_inches() * 96
     assert abs(int(image.width) - width) <= 1 and abs(int(image.height) - height) <= 1
     pixels = _png_size(bytes(image.value))
-    assert pixels == _png_size(figure_png(figure))
+    assert pixels == _png_size(_figure_png(figure))
     assert pixels[0] >= 2 * int(image.width) and pixels[1] >= 2 * int(image.height)
 
 

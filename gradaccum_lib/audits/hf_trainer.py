@@ -38,7 +38,7 @@ from ..runtime import check_number, check_positive_int
 from .frameworks import WindowDataset
 
 __all__ = ["hf_model_loss_gradients", "hf_trainer_clipped_run", "hf_trainer_step",
-           "hf_trainer_train_sampler", "summed_cross_entropy_over_window"]
+           "hf_trainer_train_sampler", "_summed_cross_entropy_over_window"]
 
 _WORKAROUNDS = (None, "accepts_loss_kwargs=False", "loss_is_scaled_for_ga=False",
                 "compute_loss_func")
@@ -103,7 +103,7 @@ def _build_trainer(model: nn.Module, micro_batches: Sequence[Mapping[str, Tensor
     )
     if workaround == "accepts_loss_kwargs=False":
         model.accepts_loss_kwargs = False  # read by Trainer.__init__
-    loss_func = summed_cross_entropy_over_window if workaround == "compute_loss_func" else None
+    loss_func = _summed_cross_entropy_over_window if workaround == "compute_loss_func" else None
     trainer = Trainer(model=model, args=arguments, train_dataset=dataset,
                       optimizers=(optimizer, scheduler), compute_loss_func=loss_func,
                       callbacks=list(callbacks))
@@ -113,7 +113,7 @@ def _build_trainer(model: nn.Module, micro_batches: Sequence[Mapping[str, Tensor
     return trainer
 
 
-def summed_cross_entropy_over_window(outputs, labels, num_items_in_batch=None):  # noqa: ANN001, ANN201
+def _summed_cross_entropy_over_window(outputs, labels, num_items_in_batch=None):  # noqa: ANN001, ANN201
     """A ``compute_loss_func`` for the HF Trainer: summed cross-entropy divided by the
     window's item count that the Trainer counted (``num_items_in_batch``).
     """

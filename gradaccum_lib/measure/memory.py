@@ -46,7 +46,6 @@ __all__ = [
     "Optimizer",
     "Precision",
     "static_bytes",
-    "tensor_bytes",
     "tensor_peak_bytes",
 ]
 
@@ -94,7 +93,7 @@ class MemoryBreakdown:
         return {**asdict(self), "total": self.total}
 
 
-def tensor_bytes(tensors: Iterable[Tensor]) -> int:
+def _tensor_bytes(tensors: Iterable[Tensor]) -> int:
     """Return the summed ``numel * element_size`` of ``tensors``."""
     if isinstance(tensors, Tensor) or not isinstance(tensors, Iterable):
         raise TypeError(f"tensors must be an iterable of Tensors (e.g. model.parameters()); got "
@@ -179,9 +178,9 @@ def static_bytes(
             state.extend(v for v in parameter_state.values()
                          if isinstance(v, Tensor) and v.dim() > 0)
     return {
-        "parameters": tensor_bytes(parameters),
-        "gradients": tensor_bytes(p.grad for p in parameters if p.grad is not None),
-        "optimizer_state": tensor_bytes(state),
+        "parameters": _tensor_bytes(parameters),
+        "gradients": _tensor_bytes(p.grad for p in parameters if p.grad is not None),
+        "optimizer_state": _tensor_bytes(state),
     }
 
 

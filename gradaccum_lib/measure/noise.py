@@ -25,12 +25,11 @@ from ..runtime import check_choice, check_number, check_positive_int
 __all__ = [
     "NoiseScaleTracker",
     "brute_force_noise_scale",
-    "noise_scale_estimates",
     "scaled_learning_rate",
 ]
 
 
-def noise_scale_estimates(small_squared_norm: float, big_squared_norm: float,
+def _noise_scale_estimates(small_squared_norm: float, big_squared_norm: float,
                           small_batch: float, big_batch: float) -> tuple[float, float]:
     """Return the unbiased estimates (|G|², tr Σ) from squared gradient norms measured at a
     small and a big batch size (McCandlish et al. 2018, appendix A.1)."""
@@ -93,7 +92,7 @@ class NoiseScaleTracker:
             return  # a window of one micro-batch has only one batch size
         window = _flat_gradient(parameters) * (provisional / total_items)
         small = sum(self._micro_items) / len(self._micro_items)
-        squared_gradient, trace = noise_scale_estimates(
+        squared_gradient, trace = _noise_scale_estimates(
             sum(self._micro_squared) / len(self._micro_squared), float(window.pow(2).sum()),
             small, total_items)
         if self._ema is None:

@@ -11,7 +11,7 @@ checker cell, ``check_exercise("02.1", answer)``:
   expected in words, and a hint. IPython shows that message alone, without a traceback. In the
   Chinese edition all three are in Chinese.
 
-The checkers follow, notebook by notebook, and the table of exercises (:data:`EXERCISES`) ends
+The checkers follow, notebook by notebook, and the table of exercises (:data:`_EXERCISES`) ends
 the file. ``checker(answer, **context)`` computes the true answer itself, by running the
 library (the budget model, the engine, the ground truth, a real ``DistributedSampler``, the
 audited frameworks, a pipeline schedule...), never from a stored value; it returns what it
@@ -57,7 +57,7 @@ from ..workloads.models import (
     make_tiny_bert,
 )
 
-__all__ = ["BERT_BASE_CHINESE", "EXERCISES", "EXPECTS_ZH", "GIB", "TITLES_ZH", "Exercise",
+__all__ = ["BERT_BASE_CHINESE", "_EXERCISES", "_EXPECTS_ZH", "GIB", "_TITLES_ZH", "Exercise",
            "WrongAnswer", "check_exercise", "correct_message", "language", "no_answer_message"]
 
 GIB = 1024**3
@@ -106,14 +106,14 @@ def check_exercise(exercise_id: str, answer: object, **context: object) -> None:
     is the hint (the checker's ``WrongAnswer.zh``; its English one where it gives none); what a
     checker says it checked, the true value included, stays as it says it.
     """
-    if exercise_id not in EXERCISES:
-        raise KeyError(f"no exercise {exercise_id!r}; known: {sorted(EXERCISES)}")
+    if exercise_id not in _EXERCISES:
+        raise KeyError(f"no exercise {exercise_id!r}; known: {sorted(_EXERCISES)}")
     lang = language()
     if answer is None:
         print(no_answer_message(exercise_id, lang))
         return
     try:
-        checked = EXERCISES[exercise_id].checker(answer, **context)
+        checked = _EXERCISES[exercise_id].checker(answer, **context)
     except WrongAnswer as wrong:  # one short message, not a chain of two tracebacks
         hint = wrong.zh if lang == "zh" and wrong.zh else str(wrong)
         raise WrongAnswer(_wrong_message(exercise_id, hint, lang)) from None
@@ -134,10 +134,10 @@ def language() -> str:
 def no_answer_message(exercise_id: str, lang: str = "en") -> str:
     """Return what the checker says when ``answer`` is None."""
     if lang == "zh":
-        return (f"练习 {exercise_id}（{TITLES_ZH.get(exercise_id, EXERCISES[exercise_id].title)}"
+        return (f"练习 {exercise_id}（{_TITLES_ZH.get(exercise_id, _EXERCISES[exercise_id].title)}"
                 "）：还没有答案。在上面的单元格里设置 `answer`，再运行这个单元格；参考答案在 "
                 "notebooks/zh/solutions/。")
-    return (f"Exercise {exercise_id} ({EXERCISES[exercise_id].title}): no answer yet. Set "
+    return (f"Exercise {exercise_id} ({_EXERCISES[exercise_id].title}): no answer yet. Set "
             "`answer` in the cell above and run this cell again; the solution is in "
             "notebooks/solutions/.")
 
@@ -152,10 +152,10 @@ def correct_message(exercise_id: str, checked: str, lang: str = "en") -> str:
 
 def _wrong_message(exercise_id: str, hint: str, lang: str = "en") -> str:
     """Return the three lines of a wrong answer: ✗, the answer expected, the hint."""
-    exercise = EXERCISES[exercise_id]
+    exercise = _EXERCISES[exercise_id]
     if lang == "zh":
-        return (f"✗ 练习 {exercise_id}（{TITLES_ZH.get(exercise_id, exercise.title)}）：还不对。\n"
-                f"应当给出：{EXPECTS_ZH.get(exercise_id, exercise.expects)}。\n提示：{hint}")
+        return (f"✗ 练习 {exercise_id}（{_TITLES_ZH.get(exercise_id, exercise.title)}）：还不对。\n"
+                f"应当给出：{_EXPECTS_ZH.get(exercise_id, exercise.expects)}。\n提示：{hint}")
     return (f"✗ Exercise {exercise_id} ({exercise.title}): not right yet.\n"
             f"Expected: {exercise.expects}.\nHint: {hint}")
 
@@ -615,7 +615,7 @@ def _window_load_balancing_loss(answer: object) -> str:
 
 # ---- the exercises --------------------------------------------------------------------
 
-EXERCISES: dict[str, Exercise] = {
+_EXERCISES: dict[str, Exercise] = {
     "00.1": Exercise("parameters of bert-base-chinese, in millions",
                      "the parameters of bert-base-chinese with a 2-class head, in millions (±1M)",
                      _bert_base_parameters),
@@ -684,7 +684,7 @@ EXERCISES: dict[str, Exercise] = {
 
 
 #: each exercise's title in the Chinese edition (notebooks/zh/)
-TITLES_ZH: dict[str, str] = {
+_TITLES_ZH: dict[str, str] = {
     "00.1": "bert-base-chinese 的参数量，以百万计",
     "00.2": "DDP 下一次优化器更新的样本数",
     "01.1": "找出更新出错的那个循环",
@@ -709,7 +709,7 @@ TITLES_ZH: dict[str, str] = {
 
 
 #: the answer each exercise expects, in words, in the Chinese edition
-EXPECTS_ZH: dict[str, str] = {
+_EXPECTS_ZH: dict[str, str] = {
     "00.1": "带 2 分类任务头的 bert-base-chinese 的参数量，以百万计（误差在一百万以内）",
     "00.2": "一次优化器更新的样本数：微批次 32、k = 8、8 个 DDP 进程",
     "01.1": '更新与大批次不同的那个循环的名字，"A" 或 "B"',

@@ -29,13 +29,7 @@ __all__ = [
     "accumulation_explorer",
     "ddp_time_explorer",
     "cluster_explorer",
-    "describe_cluster_plan",
-    "describe_ddp_step",
-    "describe_learning_rates",
-    "describe_plan",
-    "figure_png",
     "learning_rate_explorer",
-    "show_figure",
 ]
 
 
@@ -76,7 +70,7 @@ _CSS_DPI = 96
 _PIXEL_RATIO = 2
 
 
-def figure_png(figure: Figure, *, dpi: float = _PIXEL_RATIO * _CSS_DPI) -> bytes:
+def _figure_png(figure: Figure, *, dpi: float = _PIXEL_RATIO * _CSS_DPI) -> bytes:
     """Return ``figure`` rendered as PNG bytes at ``dpi`` (in memory; no file is written)."""
     _check_kind("figure", figure, Figure, "e.g. from gradaccum_lib.notebook.plots")
     buffer = io.BytesIO()
@@ -85,23 +79,23 @@ def figure_png(figure: Figure, *, dpi: float = _PIXEL_RATIO * _CSS_DPI) -> bytes
 
 
 def _figure_area() -> widgets.Image:
-    """An Image that :func:`show_figure` fills; never wider than the output area (the
+    """An Image that :func:`_show_figure` fills; never wider than the output area (the
     widgets' CSS keeps ``max-width: 100%; height: auto``, so it shrinks in proportion)."""
     return widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
 
 
-def show_figure(area: widgets.Image, figure: Figure) -> None:
+def _show_figure(area: widgets.Image, figure: Figure) -> None:
     """Show ``figure`` in ``area`` at its size in CSS pixels (figure inches x _CSS_DPI), from a
     PNG with _PIXEL_RATIO times as many pixels each way; the image and its size reach the front
     end in one message."""
-    png = figure_png(figure)
+    png = _figure_png(figure)
     # the PNG header's size, rounded down: at least _PIXEL_RATIO image pixels per CSS pixel
     width, height = (int.from_bytes(png[at:at + 4], "big") // _PIXEL_RATIO for at in (16, 20))
     with area.hold_sync():
         area.value, area.width, area.height = png, str(width), str(height)
 
 
-def describe_plan(plan, without) -> str:  # noqa: ANN001 - AccumulationPlan pair
+def _describe_plan(plan, without) -> str:  # noqa: ANN001 - AccumulationPlan pair
     """Return a one-line summary of ``plan`` against one pass ``without`` accumulation."""
     _check_kind("plan", plan, AccumulationPlan, "from plan_accumulation")
     _check_kind("without", without, AccumulationPlan, "from plan_accumulation")
@@ -150,8 +144,8 @@ def accumulation_explorer(
     def redraw(_change: object = None) -> None:
         chosen = plan(size.value, steps.value)
         without = plan(chosen.effective_batch_size, 1)
-        summary.value = describe_plan(chosen, without)
-        show_figure(figure_area, plot_accumulation_plan(chosen, without))
+        summary.value = _describe_plan(chosen, without)
+        _show_figure(figure_area, plot_accumulation_plan(chosen, without))
 
     steps.observe(redraw, names="value")
     size.observe(redraw, names="value")
@@ -159,7 +153,7 @@ def accumulation_explorer(
     return widgets.VBox([steps, size, summary, figure_area])
 
 
-def describe_cluster_plan(plan: ClusterPlan) -> str:
+def _describe_cluster_plan(plan: ClusterPlan) -> str:
     """Return a one-line summary of a :class:`ClusterPlan`."""
     _check_kind("plan", plan, ClusterPlan, "from plan_cluster")
     verdict = "fits" if plan.fits else "does NOT fit"
@@ -208,8 +202,8 @@ def cluster_explorer(
                             device_bytes=device_bytes, reserved_bytes=reserved_bytes,
                             precision=layout)
         summary.value = (f"{shape.num_parameters(sliders['num_layers'].value) / 1e6:.0f}M "
-                         "parameters, " + describe_cluster_plan(plan))
-        show_figure(figure_area, plot_cluster_plan(plan))
+                         "parameters, " + _describe_cluster_plan(plan))
+        _show_figure(figure_area, plot_cluster_plan(plan))
 
     controls = [*sliders.values(), precision]
     for control in controls:
@@ -236,7 +230,7 @@ def _check_cluster_arguments(shapes: object, values: dict[str, object], device_b
     check_number("reserved_bytes", reserved_bytes, low=0)
 
 
-def describe_ddp_step(model: DdpStepModel, accumulation_steps: int) -> str:
+def _describe_ddp_step(model: DdpStepModel, accumulation_steps: int) -> str:
     """Return a one-line summary of the step time with one sync per window vs every micro-step."""
     _check_kind("model", model, DdpStepModel, "e.g. from fit_ddp_step_model")
     window = model.step_seconds(accumulation_steps, "window")
@@ -270,8 +264,8 @@ def ddp_time_explorer(
 
     def redraw(_change: object = None) -> None:
         model = DdpStepModel.from_comm_share(compute_per_micro_step, share.value)
-        summary.value = describe_ddp_step(model, steps.value)
-        show_figure(figure_area, plot_ddp_step(model, steps.value))
+        summary.value = _describe_ddp_step(model, steps.value)
+        _show_figure(figure_area, plot_ddp_step(model, steps.value))
 
     steps.observe(redraw, names="value")
     share.observe(redraw, names="value")
@@ -279,7 +273,7 @@ def ddp_time_explorer(
     return widgets.VBox([steps, share, summary, figure_area])
 
 
-def describe_learning_rates(base_lr: float, base_batch: int, batch: int,
+def _describe_learning_rates(base_lr: float, base_batch: int, batch: int,
                             measured: dict[tuple[int, str], float]) -> str:
     """Return the learning rate each rule gives at ``batch`` and, where measured, the result."""
     from ..measure.noise import scaled_learning_rate
@@ -305,14 +299,14 @@ def learning_rate_explorer(base_lr: float, base_batch: int, batches: list[int],
     if base_batch not in batches:
         raise ValueError(f"base_batch must be one of batches {list(batches)} (the slider starts "
                          f"there); got {base_batch!r}")
-    describe_learning_rates(base_lr, base_batch, base_batch, measured)  # checks the rest
+    _describe_learning_rates(base_lr, base_batch, base_batch, measured)  # checks the rest
     slider = widgets.SelectionSlider(options=batches, value=base_batch,
                                      description="effective batch", continuous_update=False,
                                      style=_SLIDER_STYLE, layout=_slider_layout())
     summary = widgets.Label()
 
     def redraw(_change: object = None) -> None:
-        summary.value = describe_learning_rates(base_lr, base_batch, slider.value, measured)
+        summary.value = _describe_learning_rates(base_lr, base_batch, slider.value, measured)
 
     slider.observe(redraw, names="value")
     redraw()

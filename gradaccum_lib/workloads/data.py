@@ -34,12 +34,11 @@ __all__ = [
     "make_toy_classification",
     "make_toy_token_batch",
     "mask_tokens",
-    "PAD_ID",
     "pad_to_width",
 ]
 
 
-PAD_ID = 0  # input id of padding tokens
+_PAD_ID = 0  # input id of padding tokens
 
 IGNORE_INDEX = -100  # label of padding tokens: they count as no item
 
@@ -80,7 +79,7 @@ def make_toy_token_batch(
     seed: int = 0,
 ) -> dict[str, Tensor]:
     """Return ``{"input_ids", "labels", "attention_mask"}`` for padded sequences of random
-    length in [min_length, max_length]; padding has id ``PAD_ID`` and label ``IGNORE_INDEX``.
+    length in [min_length, max_length]; padding has id ``_PAD_ID`` and label ``IGNORE_INDEX``.
 
     ``sort_by_length`` orders sequences longest first, as length-grouped samplers do, which
     makes consecutive micro-batches hold very different numbers of real tokens.
@@ -104,7 +103,7 @@ def make_toy_token_batch(
     previous = torch.roll(input_ids, shifts=1, dims=1)
     labels = (input_ids * 7 + previous * 3) % num_tags
     attention_mask = torch.arange(max_length)[None, :] < lengths[:, None]
-    input_ids = input_ids.masked_fill(~attention_mask, PAD_ID)
+    input_ids = input_ids.masked_fill(~attention_mask, _PAD_ID)
     labels = labels.masked_fill(~attention_mask, IGNORE_INDEX)
     return {
         "input_ids": input_ids,
@@ -196,8 +195,8 @@ def _check_vocabulary(path: Path) -> None:
     if missing:
         raise ValueError(f"vocabulary {path} lacks the special tokens {missing}; it needs "
                          f"{list(SPECIAL_TOKENS)}, one per line, [PAD] on the first line")
-    if tokens[PAD_ID] != "[PAD]":
-        raise ValueError(f"vocabulary {path}: line 1 must be [PAD] (id {PAD_ID} is padding "
+    if tokens[_PAD_ID] != "[PAD]":
+        raise ValueError(f"vocabulary {path}: line 1 must be [PAD] (id {_PAD_ID} is padding "
                          f"everywhere); got {tokens[0]!r}")
     seen: dict[str, int] = {}
     for number, token in enumerate(tokens, start=1):

@@ -18,21 +18,18 @@ from pathlib import Path
 from ..runtime import check_positive_int
 
 __all__ = [
-    "build_vocabulary",
     "corpus_statistics",
-    "DATA_DIR",
-    "DIAGNOSES",
     "generate_emr_corpus",
+    "DATA_DIR",
     "LABELS",
     "SPECIAL_TOKENS",
     "SPLITS",
     "main",
-    "write_emr_corpus",
 ]
 
 #: (diagnosis, prior weight, symptoms, signs, tests, drugs, history). Vocabularies overlap on
 #: purpose (cough, chest pain, dizziness, abdominal pain ... belong to several diagnoses).
-DIAGNOSES: tuple[tuple[str, float, tuple[str, ...], tuple[str, ...], tuple[str, ...],
+_DIAGNOSES: tuple[tuple[str, float, tuple[str, ...], tuple[str, ...], tuple[str, ...],
                        tuple[str, ...], tuple[str, ...]], ...] = (
     ("高血压", 0.17,
      ("头晕", "头痛", "颈部僵硬", "心悸", "乏力", "视物模糊", "耳鸣"),
@@ -97,7 +94,7 @@ DIAGNOSES: tuple[tuple[str, float, tuple[str, ...], tuple[str, ...], tuple[str, 
 )
 
 
-LABELS: tuple[str, ...] = tuple(entry[0] for entry in DIAGNOSES)
+LABELS: tuple[str, ...] = tuple(entry[0] for entry in _DIAGNOSES)
 
 SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -131,8 +128,8 @@ def _pick(rng: random.Random, items: Sequence[str], low: int, high: int) -> list
 
 
 def _emr_note(rng: random.Random, label: int) -> str:
-    name, _, symptoms, signs, tests, drugs, history = DIAGNOSES[label]
-    others = [entry for index, entry in enumerate(DIAGNOSES) if index != label]
+    name, _, symptoms, signs, tests, drugs, history = _DIAGNOSES[label]
+    others = [entry for index, entry in enumerate(_DIAGNOSES) if index != label]
     other = rng.choice(others)
     # a third of notes carry one misleading symptom borrowed from another diagnosis
     present = _pick(rng, symptoms, 1, 3)
@@ -180,20 +177,20 @@ def _emr_note(rng: random.Random, label: int) -> str:
 
 def generate_emr_corpus(num_records: int, seed: int) -> list[dict[str, object]]:
     """Return ``num_records`` synthetic EMR notes ``{"id", "text", "label", "diagnosis"}``,
-    deterministic in ``seed``; classes are imbalanced by the priors in :data:`DIAGNOSES`.
+    deterministic in ``seed``; classes are imbalanced by the priors in :data:`_DIAGNOSES`.
     """
     check_positive_int("num_records", num_records)
     rng = random.Random(seed)
-    priors = [entry[1] for entry in DIAGNOSES]
+    priors = [entry[1] for entry in _DIAGNOSES]
     records = []
     for index in range(num_records):
-        label = rng.choices(range(len(DIAGNOSES)), weights=priors)[0]
+        label = rng.choices(range(len(_DIAGNOSES)), weights=priors)[0]
         records.append({"id": f"emr-{seed}-{index:05d}", "text": _emr_note(rng, label),
                         "label": label, "diagnosis": LABELS[label]})
     return records
 
 
-def build_vocabulary(texts: Iterable[str]) -> list[str]:
+def _build_vocabulary(texts: Iterable[str]) -> list[str]:
     """Return the vocabulary: BERT's special tokens, every character of ``texts`` (sorted),
     and a ``##`` continuation piece for every non-CJK character (digits, letters, symbols),
     so that WordPiece never falls back to [UNK] inside "36.5℃" or "mmHg".
@@ -207,7 +204,7 @@ def _is_cjk(char: str) -> bool:
     return 0x4E00 <= ord(char) <= 0x9FFF or 0x3400 <= ord(char) <= 0x4DBF
 
 
-def write_emr_corpus(directory: str | Path) -> dict[str, Path]:
+def _write_emr_corpus(directory: str | Path) -> dict[str, Path]:
     """Write the corpus splits as JSONL, ``vocab.txt`` and the datasheet ``README.md`` into
     ``directory``; return the written paths by name.
     """
@@ -220,7 +217,7 @@ def write_emr_corpus(directory: str | Path) -> dict[str, Path]:
         path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
                         encoding="utf-8")
         written[name] = path
-    vocabulary = build_vocabulary(r["text"] for records in splits.values() for r in records)
+    vocabulary = _build_vocabulary(r["text"] for records in splits.values() for r in records)
     written["vocab"] = directory / "vocab.txt"
     written["vocab"].write_text("\n".join(vocabulary) + "\n", encoding="utf-8")
     written["datasheet"] = directory / "README.md"
@@ -317,7 +314,7 @@ code it comes from. Not for clinical use: the notes are plausible in form, not i
 """
 
 
-# the files :func:`write_emr_corpus` writes, and the only ones its command overwrites
+# the files :func:`_write_emr_corpus` writes, and the only ones its command overwrites
 _CORPUS_FILES = ("emr_train.jsonl", "emr_validation.jsonl", "emr_test.jsonl", "vocab.txt",
                 "README.md")
 
@@ -346,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{directory} holds files that are not the corpus ({', '.join(others[:5])}"
                      f"{', ...' if len(others) > 5 else ''}), and writing would overwrite its "
                      "README.md; give an empty or new directory, or pass --force")
-    for label, path in write_emr_corpus(directory).items():
+    for label, path in _write_emr_corpus(directory).items():
         print(f"{label}: {path}")
     return 0
 
