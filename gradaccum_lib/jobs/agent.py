@@ -35,6 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+import psutil
+
 __all__ = ["TERMINATE_GRACE_SECONDS", "run_agent", "run_worker"]
 
 #: seconds each process of a run gets to exit on SIGTERM before it gets SIGKILL
@@ -138,10 +140,8 @@ def _wait_for(agent_pid: int, stopped: list[int]) -> int | None:
     return None
 
 
-def _running_descendants() -> list:
+def _running_descendants() -> list[psutil.Process]:
     """Reap this process's exited children; return its descendants that still run."""
-    import psutil  # here: run_agent starts torchrun without waiting for it
-
     while True:
         try:
             if os.waitpid(-1, os.WNOHANG)[0] == 0:
@@ -173,12 +173,12 @@ def _end_tree() -> None:
         time.sleep(0.02)
 
 
-def _signal_each(processes: list, signum: int) -> None:
-    """Send ``signum`` to each of ``processes`` (psutil processes) that is still there."""
+def _signal_each(processes: list[psutil.Process], signum: int) -> None:
+    """Send ``signum`` to each of ``processes`` that is still there."""
     for process in processes:
         try:
             process.send_signal(signum)
-        except Exception:  # noqa: BLE001, S112 - a psutil.Error: it is gone already
+        except psutil.Error:  # it is gone already
             continue
 
 
