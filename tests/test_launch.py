@@ -23,13 +23,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gradaccum_lib.jobs.launch import (
-    OWNER_FILE,
-    RUN_FOLDER_PREFIX,
+from gradaccum_lib.jobs.launch import (  # the run folder's sweep: internals
+    _OWNER_FILE,
+    _RUN_FOLDER_PREFIX,
     LaunchError,
     LaunchTimeout,
+    _remove_orphaned_run_folders,
     launch,
-    remove_orphaned_run_folders,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,9 +73,9 @@ def _wait_until_gone(pids: list[int], timeout_seconds: float) -> float:
 
 def _run_folder_of(owner: int) -> Path:
     """Return the run folder (in the system temp dir) that records ``owner`` as its owner."""
-    for folder in Path(tempfile.gettempdir()).glob(f"{RUN_FOLDER_PREFIX}*"):
+    for folder in Path(tempfile.gettempdir()).glob(f"{_RUN_FOLDER_PREFIX}*"):
         with contextlib.suppress(OSError):  # other runs' folders come and go
-            if (folder / OWNER_FILE).read_text().split()[0] == str(owner):
+            if (folder / _OWNER_FILE).read_text().split()[0] == str(owner):
                 return folder
     raise AssertionError(f"no run folder of pid {owner}")
 
@@ -263,7 +263,7 @@ def test_a_caller_ended_by_a_signal_leaves_no_process(tmp_path, signum, thread):
         print(f"{signal.Signals(signum).name} (thread: {thread}): run gone in {seconds:.2f} s")
         assert caller.wait(30) == -signum
         if signum == signal.SIGKILL or thread:  # no handler ran: the next launch() sweeps
-            remove_orphaned_run_folders()
+            _remove_orphaned_run_folders()
         assert not folder.exists()
     finally:
         caller.kill()
@@ -295,7 +295,7 @@ def test_restarting_the_kernel_leaves_no_process(tmp_path, slow_to_die):
         _wait_until_gone(run, 5 - (time.monotonic() - start))
         print(f"kernel restart ({'slow-to-die' if slow_to_die else 'hang'}): run gone in "
               f"{time.monotonic() - start:.2f} s")
-        remove_orphaned_run_folders()
+        _remove_orphaned_run_folders()
         assert not folder.exists()
     finally:
         client.stop_channels()
@@ -355,7 +355,7 @@ def test_only_the_run_folders_of_dead_owners_are_removed():
                            "print(p.pid, repr(p.create_time()))"], capture_output=True,
                           text=True, check=True).stdout.split()  # a dead process
     me, namespace = psutil.Process(), os.readlink("/proc/self/ns/pid")
-    prefix = f"{Path(tempfile.gettempdir()) / RUN_FOLDER_PREFIX}test-{os.getpid()}-"
+    prefix = f"{Path(tempfile.gettempdir()) / _RUN_FOLDER_PREFIX}test-{os.getpid()}-"
     owners = {"live": f"{me.pid} {me.create_time()!r} {namespace}",
               "dead": f"{gone[0]} {gone[1]} {namespace}", "no-owner": None,
               "reused-pid": f"{me.pid} {me.create_time() - 60} {namespace}",
@@ -364,8 +364,8 @@ def test_only_the_run_folders_of_dead_owners_are_removed():
         for name, owner in owners.items():
             Path(f"{prefix}{name}").mkdir()
             if owner is not None:
-                (Path(f"{prefix}{name}") / OWNER_FILE).write_text(owner)
-        removed = [str(path) for path in remove_orphaned_run_folders()
+                (Path(f"{prefix}{name}") / _OWNER_FILE).write_text(owner)
+        removed = [str(path) for path in _remove_orphaned_run_folders()
                    if str(path).startswith(prefix)]  # other runs' dead folders may go too
         assert sorted(removed) == [f"{prefix}dead", f"{prefix}reused-pid"]
         assert sorted(str(path) for path in Path(prefix).parent.glob(f"{Path(prefix).name}*")) \

@@ -38,13 +38,12 @@ from ..distributed import STORE_FILE_VARIABLE
 from ..runtime import check_positive_int
 from .agent import TERMINATE_GRACE_SECONDS
 
-__all__ = ["OWNER_FILE", "RUN_FOLDER_PREFIX", "LaunchError", "LaunchTimeout", "launch",
-           "remove_orphaned_run_folders", "torchrun_command"]
+__all__ = ["LaunchError", "LaunchTimeout", "launch", "torchrun_command"]
 
 #: the name of each run's folder in the system temp dir starts so
-RUN_FOLDER_PREFIX = "gradaccum-launch-"
+_RUN_FOLDER_PREFIX = "gradaccum-launch-"
 #: the file in a run's folder that records its owner: "PID CREATE_TIME PID_NAMESPACE"
-OWNER_FILE = "owner"
+_OWNER_FILE = "owner"
 #: what launch() starts: agent.run_agent, which runs torchrun's agent; the package's parent
 #: folder comes last on its path, for a caller that added it
 _AGENT_ENTRY = ("import sys; sys.path.append(sys.argv[1]); "
@@ -459,7 +458,7 @@ def _owner_is_gone(folder: Path) -> bool:
     """Return True if ``folder``'s recorded owner process no longer runs (a zombie counts
     as gone); False if it runs or nothing tells (no owner file, another pid namespace)."""
     try:
-        pid, created, namespace = (folder / OWNER_FILE).read_text().split(" ", 2)
+        pid, created, namespace = (folder / _OWNER_FILE).read_text().split(" ", 2)
         process = psutil.Process(int(pid))
     except psutil.NoSuchProcess:
         return namespace == _pid_namespace()
@@ -476,10 +475,10 @@ def _owner_is_gone(folder: Path) -> bool:
         return False
 
 
-def remove_orphaned_run_folders() -> list[Path]:
+def _remove_orphaned_run_folders() -> list[Path]:
     """Remove this user's run folders in the system temp dir whose owner is dead; return them."""
     removed = []
-    for folder in Path(tempfile.gettempdir()).glob(f"{RUN_FOLDER_PREFIX}*"):
+    for folder in Path(tempfile.gettempdir()).glob(f"{_RUN_FOLDER_PREFIX}*"):
         try:
             if folder.is_symlink() or not folder.is_dir() or folder.stat().st_uid != os.getuid():
                 continue
@@ -495,14 +494,14 @@ def remove_orphaned_run_folders() -> list[Path]:
 @contextlib.contextmanager
 def _run_folder() -> Iterator[Path]:
     """Yield a new private run folder that records its owner (this process); remove it after."""
-    remove_orphaned_run_folders()
-    with tempfile.TemporaryDirectory(prefix=RUN_FOLDER_PREFIX,
+    _remove_orphaned_run_folders()
+    with tempfile.TemporaryDirectory(prefix=_RUN_FOLDER_PREFIX,
                                      ignore_cleanup_errors=True) as name:
         folder = Path(name)
         me = psutil.Process()
-        (folder / f"{OWNER_FILE}.new").write_text(
+        (folder / f"{_OWNER_FILE}.new").write_text(
             f"{me.pid} {me.create_time()!r} {_pid_namespace()}")
-        os.replace(folder / f"{OWNER_FILE}.new", folder / OWNER_FILE)  # never read half-written
+        os.replace(folder / f"{_OWNER_FILE}.new", folder / _OWNER_FILE)  # never read half-written
         yield folder
 
 
