@@ -274,8 +274,12 @@ def _load_crafted(checkpoint, tmp_path, change):
      r"scheduler\['last_epoch'\]: a str, this run's an int"),
     (lambda state: state["ranks"][0].update(sampler_epoch="0"),
      r"ranks: rank 0's sampler_epoch is '0', not an int or None"),
+    (lambda state: state["ranks"][0].update(cpu_rng_state=torch.zeros(10, dtype=torch.uint8)),
+     r"ranks: rank 0's cpu_rng_state is not this torch's CPU generator state \(a uint8 tensor "
+     r"of \d+\)"),
 ], ids=["scheduler-bogus", "model-float32-for-float64", "optimizer-float32-state",
-        "optimizer-betas-str", "scheduler-last-epoch-str", "rank-sampler-epoch-str"])
+        "optimizer-betas-str", "scheduler-last-epoch-str", "rank-sampler-epoch-str",
+        "rank-generator-state-short"])
 def test_a_crafted_state_of_another_type_or_dtype_is_refused_before_anything_is_restored(
         checkpoint, tmp_path, change, message):
     error, untouched = _load_crafted(checkpoint, tmp_path, change)
@@ -297,3 +301,23 @@ def test_state_problems_name_each_field_of_another_kind():
     assert state_problems({"w": torch.zeros(3)}, {"w": torch.zeros(2)}, "m") == [
         "m['w']: shape (3,), this run's (2,)"]
     assert state_problems(5, {}, "scheduler") == ["scheduler: an int, this run's a dict"]
+
+
+def test_a_restore_that_fails_after_the_checks_rolls_everything_back(checkpoint, monkeypatch):
+    trainer = _trainer()
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    scheduler_kind, loaded = type(trainer.scheduler), type(trainer.scheduler).load_state_dict
+    calls = []
+
+    def refuse_once(scheduler, state):  # after the model and optimizer are restored
+        calls.append(state)
+        if len(calls) == 1:
+            raise RuntimeError("the scheduler refuses")
+        loaded(scheduler, state)  # the roll-back's own restore
+    monkeypatch.setattr(scheduler_kind, "load_state_dict", refuse_once)
+    with pytest.raises(CheckpointError, match=r"could not be restored \(the scheduler refuses\);"
+                                              r" the trainer was rolled back"):
+        Resumable(trainer).load_checkpoint(checkpoint)
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(),
+                                                 strict=True))
+    assert not trainer.optimizer.state and trainer.optimizer_steps == 0 and len(calls) == 2

@@ -357,8 +357,9 @@ class Resumable:
             raise CheckpointError(f"checkpoint {os.fspath(path)}: {error}") from error
 
 
-def _is_generator_state(value: object) -> bool:
-    return isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1
+def _is_generator_state(value: object, size: int | None = None) -> bool:
+    return (isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1
+            and size in (None, value.numel()))
 
 
 def _rank_problems(ranks: object, rank: int, world_size: int) -> list[str]:
@@ -370,9 +371,12 @@ def _rank_problems(ranks: object, rank: int, world_size: int) -> list[str]:
     if not isinstance(own, Mapping) or any(key not in own for key in (
             "cpu_rng_state", "epoch_order_states", "sampler_epoch", "window_fingerprint")):
         return [f"ranks: rank {rank}'s state is incomplete"]
-    problems = [f"ranks: rank {rank}'s {key} is not a generator state (a uint8 tensor)"
-                for key in ("cpu_rng_state", "cuda_rng_state")
-                if key in own and not _is_generator_state(own[key])]
+    problems = [] if _is_generator_state(own["cpu_rng_state"], torch.get_rng_state().numel()) else [
+        f"ranks: rank {rank}'s cpu_rng_state is not this torch's CPU generator state (a uint8 "
+        f"tensor of {torch.get_rng_state().numel()})"]
+    if "cuda_rng_state" in own and not _is_generator_state(own["cuda_rng_state"]):
+        problems.append(f"ranks: rank {rank}'s cuda_rng_state is not a generator state (a uint8 "
+                        "tensor)")
     orders, epoch, fingerprint = (own["epoch_order_states"], own["sampler_epoch"],
                                   own["window_fingerprint"])
     if orders is not None and not (isinstance(orders, list)
