@@ -13,7 +13,9 @@ counted twice), writes ``final.pt`` (the model's ``state_dict``) and the JSON lo
 the path of every file it wrote. With
 ``--resume`` a (re)started job continues from the latest checkpoint in ``--checkpoint-dir``:
 after torchrun restarts a lost worker's group, the run ends bit-for-bit where an uninterrupted
-one would.
+one would. Every start first removes the temporaries a killed run left beside the job's files;
+a resume whose checkpoint holds an epoch's end model but not its validation record evaluates
+that epoch again, and a record that cannot be recovered is named, never dropped in silence.
 """
 
 from __future__ import annotations
