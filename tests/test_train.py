@@ -19,8 +19,9 @@ import psutil
 import pytest
 import torch
 
+from gradaccum_lib.jobs.train import JobError, parse_arguments
+from gradaccum_lib.jobs.train import _check_sizes as check_sizes
 from gradaccum_lib.jobs.train import main as train_main
-from gradaccum_lib.jobs.train_args import JobError, check_sizes, parse_arguments
 
 # 2 x 48 notes of 32 tokens, micro-batch 4, k = 2: 6 windows per epoch, 2 epochs, float64
 JOB = ["-m", "gradaccum_lib.jobs.train", "--train-samples", "96", "--validation-samples", "30",
