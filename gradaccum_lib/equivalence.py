@@ -35,7 +35,6 @@ from .losses import info_nce_from_embeddings
 from .runtime import check_model, check_number
 
 __all__ = [
-    "AuditResult",
     "OptimizerFactory",
     "audit_update",
     "accumulated_gradients",
@@ -218,7 +217,7 @@ _StepFunction = Callable[[nn.Module, list[Batch], OptimizerFactory], None]
 
 
 @dataclass(frozen=True)
-class AuditResult:
+class _AuditResult:
     """How one optimizer step of an audited setup compares with the ground truth's step."""
 
     norm_ratio: float  # |candidate update| / |true update|
@@ -243,7 +242,7 @@ def audit_update(
     make_optimizer: OptimizerFactory,
     *,
     max_grad_norm: float | None = None,
-) -> AuditResult:
+) -> _AuditResult:
     """Run ONE optimizer step of an audited setup and compare its parameter update with the
     ground truth: the same optimizer stepped once from the full-batch gradient of the
     concatenated window (:func:`full_batch_gradients`, mean over every item).
@@ -276,7 +275,7 @@ def audit_update(
     true_norm = true_update.norm().item()
     if true_norm == 0.0:
         raise ValueError("the true update is zero (learning rate 0?); nothing to compare with")
-    return AuditResult(
+    return _AuditResult(
         norm_ratio=update.norm().item() / true_norm,
         cosine=torch.nn.functional.cosine_similarity(update, true_update, dim=0).item(),
         relative_difference=(update - true_update).norm().item() / true_norm,

@@ -19,7 +19,7 @@ from gradaccum_lib.audits.hf_trainer import (
     _summed_cross_entropy_over_window,
 )
 from gradaccum_lib.batches import concatenate_micro_batches
-from gradaccum_lib.equivalence import AuditResult, audit_update
+from gradaccum_lib.equivalence import _AuditResult, audit_update
 from gradaccum_lib.losses import bert_classification_loss
 
 
@@ -44,7 +44,7 @@ def test_audit_passes_a_correct_loop_and_detects_a_broken_one(emr_window):
     bad = audit_update(_forgets_to_scale(3), model, bert_classification_loss, parts, SGD)
     assert not bad.matches() and bad.norm_ratio == pytest.approx(3.0, rel=1e-10)
     assert bad.cosine == pytest.approx(1.0, abs=1e-10)  # right direction, wrong length
-    assert isinstance(bad, AuditResult)
+    assert isinstance(bad, _AuditResult)
 
 
 def test_audit_refuses_a_zero_true_update(emr_window):

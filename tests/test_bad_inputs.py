@@ -41,7 +41,7 @@ BATCH = (INPUTS, LABELS)
 PARTS = split_into_micro_batches(BATCH, accumulation_steps=2)
 GRADS = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.5])}
 STEP_TIME = planning.StepTimeModel(0.002, 0.0001)
-ACTIVATIONS = planning.TransformerActivations(100.0, 8.0, 50.0, 30.0, 2.0)
+ACTIVATIONS = planning._TransformerActivations(100.0, 8.0, 50.0, 30.0, 2.0)
 SHAPE = planning.TransformerShape(1000, 100, ACTIVATIONS)
 DDP_MODEL = planning.DdpStepModel(0.01, 0.005)
 RECORD = {"id": "x", "text": "主诉：头痛1天。", "label": 0, "diagnosis": emr_corpus.LABELS[0]}
@@ -543,9 +543,9 @@ CASES = [
     row("fit-activations-measure-nan", lambda tmp: planning.fit_transformer_activations(
         lambda n, s: float("nan")), T,
         r"measure\(1, 32\) \(bytes\) must be an int >= 0; got nan of type float"),
-    row("activations-nan", lambda tmp: planning.TransformerActivations(
+    row("activations-nan", lambda tmp: planning._TransformerActivations(
         float("nan"), 0.0, 0.0, 0.0, 0.0), V,
-        r"TransformerActivations\.outside_fixed must be a finite number; got nan"),
+        r"_TransformerActivations\.outside_fixed must be a finite number; got nan"),
     row("activations-length-0", lambda tmp: ACTIVATIONS.bytes_per_sample(0, 2), V,
         r"sequence_length must be a positive int; got 0"),
     row("shape-params-negative", lambda tmp: planning.TransformerShape(-1, 100, ACTIVATIONS), V,

@@ -15,7 +15,7 @@ from test_portability import rounding_level_numbers
 from torch import nn
 
 from gradaccum_lib.losses import token_classification_loss
-from gradaccum_lib.notebook.exercises import _EXERCISES, WrongAnswer, check_exercise
+from gradaccum_lib.notebook.exercises import _EXERCISES, _WrongAnswer, check_exercise
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 CHECK = re.compile(r"check_exercise\(\s*\"(\d\d[a-z]?\.\d)\"")  # 04.1, 04b.1
@@ -88,7 +88,7 @@ def test_checker(exercise_id: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert checked.startswith(f"✓ Exercise {exercise_id}: correct. ")
     # a solution notebook's compared output: a bound, never a rounding error's own digits
     assert rounding_level_numbers(checked) == [], checked
-    with pytest.raises(WrongAnswer) as wrong_answer:
+    with pytest.raises(_WrongAnswer) as wrong_answer:
         check_exercise(exercise_id, wrong, **context)
     lines = str(wrong_answer.value).splitlines()
     assert len(lines) == 3 and lines[0].startswith(f"✗ Exercise {exercise_id} (")
@@ -101,13 +101,13 @@ def test_checker(exercise_id: str, capsys: pytest.CaptureFixture[str]) -> None:
 def test_bad_answers_are_refused_with_a_message() -> None:
     with pytest.raises(KeyError, match="no exercise '9.9'"):
         check_exercise("9.9", 1)
-    with pytest.raises(WrongAnswer, match="must be a number"):
+    with pytest.raises(_WrongAnswer, match="must be a number"):
         check_exercise("04.1", "eight")
-    with pytest.raises(WrongAnswer, match="must be a pair"):
+    with pytest.raises(_WrongAnswer, match="must be a pair"):
         check_exercise("02.1", 12)
-    with pytest.raises(WrongAnswer, match="must be one of"):
+    with pytest.raises(_WrongAnswer, match="must be one of"):
         check_exercise("01.1", "Z", loops=LOOPS)
-    with pytest.raises(WrongAnswer, match="must be a loss function"):
+    with pytest.raises(_WrongAnswer, match="must be a loss function"):
         check_exercise("01.2", 3)
 
 
@@ -134,7 +134,7 @@ FIT_A_GPU_HINTS = {
 @pytest.mark.parametrize("kind", sorted(FIT_A_GPU_HINTS))
 def test_02_1_gives_the_hint_for_its_kind_of_wrong_answer(kind: str) -> None:
     answer, hint = FIT_A_GPU_HINTS[kind]
-    with pytest.raises(WrongAnswer) as wrong_answer:
+    with pytest.raises(_WrongAnswer) as wrong_answer:
         check_exercise("02.1", answer)
     assert re.match(hint, str(wrong_answer.value).splitlines()[2].removeprefix("Hint: "))
 
@@ -220,7 +220,7 @@ def test_in_a_kernel_a_wrong_answer_is_one_short_message_without_a_traceback(ker
     assert status == "error"  # it still raises: a solution notebook fails under nbval
     assert [output["type"] for output in outputs] == ["error"], outputs
     error = outputs[0]
-    assert error["ename"] == "WrongAnswer"
+    assert error["ename"] == "_WrongAnswer"
     lines = [ANSI.sub("", line) for entry in error["traceback"] for line in entry.splitlines()]
     assert not [line for line in lines if "exercises.py" in line or "checkers.py" in line
                 or "Traceback" in line or "File " in line], lines
@@ -263,7 +263,7 @@ WRONG_ANSWERS = (
 
 
 def _wrong_lines(exercise_id: str, answer: object, context: dict) -> list[str]:
-    with pytest.raises(WrongAnswer) as wrong_answer:
+    with pytest.raises(_WrongAnswer) as wrong_answer:
         check_exercise(exercise_id, answer, **context)
     assert wrong_answer.value.__cause__ is None and wrong_answer.value.__suppress_context__
     lines = str(wrong_answer.value).splitlines()
@@ -293,10 +293,10 @@ def test_in_the_chinese_edition_the_hint_is_chinese(exercise_id: str, answer: ob
 def test_a_wrong_answer_keeps_its_english_text_and_carries_the_chinese() -> None:
     import pickle
 
-    error = WrongAnswer("x", zh="y")
+    error = _WrongAnswer("x", zh="y")
     assert str(error) == "x" and error.zh == "y"
     assert error._render_traceback_() == ["x"]
-    assert WrongAnswer("x").zh is None
+    assert _WrongAnswer("x").zh is None
     assert pickle.loads(pickle.dumps(error)).zh == "y"
 
 
@@ -305,7 +305,7 @@ def test_without_a_chinese_hint_the_chinese_edition_shows_the_english_one(
     from gradaccum_lib.notebook.exercises import Exercise
 
     def english_only(answer: object) -> str:
-        raise WrongAnswer(f"{answer} is not it")
+        raise _WrongAnswer(f"{answer} is not it")
 
     monkeypatch.setitem(_EXERCISES, "04.1", Exercise(_EXERCISES["04.1"].title,
                                                     _EXERCISES["04.1"].expects, english_only))

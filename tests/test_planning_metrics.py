@@ -13,7 +13,7 @@ from gradaccum_lib.measure.memory import memory_budget
 from gradaccum_lib.measure.metrics import classification_scores, predict_classes
 from gradaccum_lib.measure.planning import (
     DdpStepModel,
-    TransformerActivations,
+    _TransformerActivations,
     TransformerShape,
     accumulation_steps_for,
     ddp_relative_residuals,
@@ -33,7 +33,7 @@ from gradaccum_lib.workloads.models import (
     make_tiny_bert,
 )
 
-TRUE = TransformerActivations(outside_fixed=100.0, outside_per_token=8.0, per_layer_fixed=50.0,
+TRUE = _TransformerActivations(outside_fixed=100.0, outside_per_token=8.0, per_layer_fixed=50.0,
                               per_layer_per_token=30.0, per_layer_per_token_squared=2.0)
 
 
@@ -43,7 +43,7 @@ def _measure(num_layers, length):  # what a sample of TRUE would measure
 
 def test_fit_recovers_every_term_of_a_known_model():
     fitted = fit_transformer_activations(_measure)
-    for name in TransformerActivations.__dataclass_fields__:
+    for name in _TransformerActivations.__dataclass_fields__:
         assert getattr(fitted, name) == pytest.approx(getattr(TRUE, name), abs=1e-6)
     assert fitted.bytes_for(3, 256, 12) == pytest.approx(TRUE.bytes_for(3, 256, 12))
     with pytest.raises(ValueError, match="three increasing positive ints"):

@@ -232,11 +232,11 @@ def test_optimizer_state_of_other_shapes_is_refused_before_anything_is_restored(
 def test_a_payload_that_is_not_a_torch_save_names_the_path_and_what_was_expected(tmp_path):
     import hashlib
 
-    from gradaccum_lib.jobs.checkpoints import MAGIC
+    from gradaccum_lib.jobs.checkpoints import _MAGIC
 
     payload = b"not a pickle at all"
     path = tmp_path / "foreign.pt"
-    path.write_bytes(MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+    path.write_bytes(_MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
     with pytest.raises(CheckpointError, match=r"foreign\.pt cannot be unpickled \(expected a "
                                               r"dict of tensors and plain data"):
         read_checkpoint(path)

@@ -177,7 +177,7 @@ def test_exercise_feedback_follows_the_notebooks_language(monkeypatch, capsys) -
         "练习 00.2（DDP 下一次优化器更新的样本数）：还没有答案")
     exercises.check_exercise("00.2", 2048)
     assert capsys.readouterr().out.startswith("✓ 练习 00.2：正确。")
-    with pytest.raises(exercises.WrongAnswer) as wrong:
+    with pytest.raises(exercises._WrongAnswer) as wrong:
         exercises.check_exercise("00.2", 256)
     assert str(wrong.value).splitlines()[:2] == [
         "✗ 练习 00.2（DDP 下一次优化器更新的样本数）：还不对。",

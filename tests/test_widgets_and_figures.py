@@ -71,7 +71,7 @@ def test_figure_png_renders_in_memory(tmp_path, monkeypatch):
 def test_every_slider_spans_most_of_the_notebook_width():
     from ipywidgets import widgets as ipw
 
-    from gradaccum_lib.measure.planning import TransformerActivations, TransformerShape
+    from gradaccum_lib.measure.planning import _TransformerActivations, TransformerShape
     from gradaccum_lib.notebook.widgets import (
         cluster_explorer,
         ddp_time_explorer,
@@ -79,7 +79,7 @@ def test_every_slider_spans_most_of_the_notebook_width():
     )
 
     shape = TransformerShape(params_outside=10**6, params_per_layer=10**5,
-                             activations=TransformerActivations(1, 1, 1, 1, 1))
+                             activations=_TransformerActivations(1, 1, 1, 1, 1))
     explorers = [
         accumulation_explorer(num_parameters=10_000, activation_bytes_per_sample=4096.0,
                               step_time=STEP_TIME, accumulation_steps=4, micro_batch_size=16),
@@ -104,11 +104,11 @@ def _png_size(png: bytes) -> tuple[int, int]:
 
 
 def _figure_explorers():
-    from gradaccum_lib.measure.planning import TransformerActivations, TransformerShape
+    from gradaccum_lib.measure.planning import _TransformerActivations, TransformerShape
     from gradaccum_lib.notebook.widgets import cluster_explorer, ddp_time_explorer
 
     shape = TransformerShape(params_outside=10**6, params_per_layer=10**5,
-                             activations=TransformerActivations(1, 1, 1, 1, 1))
+                             activations=_TransformerActivations(1, 1, 1, 1, 1))
     return {
         "accumulation": accumulation_explorer(
             num_parameters=10_000, activation_bytes_per_sample=4096.0, step_time=STEP_TIME,

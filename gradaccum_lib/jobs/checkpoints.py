@@ -30,7 +30,6 @@ from ..batches import Batch, _tensors_of
 
 __all__ = [
     "CheckpointError",
-    "MAGIC",
     "optimizer_state_problems",
     "read_checkpoint",
     "remove_stale_temporaries",
@@ -40,7 +39,7 @@ __all__ = [
     "write_checkpoint",
 ]
 
-MAGIC = b"gradaccum-checkpoint v1 sha256="
+_MAGIC = b"gradaccum-checkpoint v1 sha256="
 _HEX_DIGITS = 64
 
 
@@ -115,7 +114,7 @@ def write_checkpoint(state: Mapping[str, Any], path: str | os.PathLike) -> Path:
     buffer = io.BytesIO()
     torch.save(dict(state), buffer)
     payload = buffer.getvalue()
-    header = MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n"
+    header = _MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n"
     return write_atomically(path, header, payload)
 
 
@@ -135,13 +134,13 @@ def read_checkpoint(path: str | os.PathLike,
         raise CheckpointError(f"checkpoint {source} cannot be read: {error}") from None
     if not data:
         raise CheckpointError(f"checkpoint {source} is empty (0 bytes)")
-    header_end = len(MAGIC) + _HEX_DIGITS
-    if not data.startswith(MAGIC) or data[header_end:header_end + 1] != b"\n":
+    header_end = len(_MAGIC) + _HEX_DIGITS
+    if not data.startswith(_MAGIC) or data[header_end:header_end + 1] != b"\n":
         raise CheckpointError(
             f"checkpoint {source} is not a gradaccum checkpoint (no "
-            f"'{MAGIC.decode()}...' header); write it with jobs.resume.Resumable.save_checkpoint"
+            f"'{_MAGIC.decode()}...' header); write it with jobs.resume.Resumable.save_checkpoint"
         )
-    expected = data[len(MAGIC):header_end].decode("ascii", errors="replace")
+    expected = data[len(_MAGIC):header_end].decode("ascii", errors="replace")
     payload = data[header_end + 1:]
     actual = hashlib.sha256(payload).hexdigest()
     if actual != expected:

@@ -7,7 +7,7 @@ cluster.
   :func:`~gradaccum_lib.jobs.step_times.time_ddp_steps` measures interleaved;
 - :func:`plan_accumulation`, :func:`max_micro_batch_size`, :func:`accumulation_steps_for`:
   choosing the micro-batch and k on one device;
-- :class:`TransformerActivations` / :func:`fit_transformer_activations`: activation bytes as a
+- :class:`_TransformerActivations` / :func:`fit_transformer_activations`: activation bytes as a
   function of sequence length and layer count, fitted exactly to measurements;
 - :func:`measure_bert_shape`: a BERT family's parameter counts and MEASURED activation model;
 - :func:`plan_cluster`: per-device memory and the effective batch of micro x k x devices.
@@ -40,7 +40,6 @@ __all__ = [
     "plan_accumulation",
     "plan_cluster",
     "StepTimeModel",
-    "TransformerActivations",
     "TransformerShape",
 ]
 
@@ -309,7 +308,7 @@ def accumulation_steps_for(effective_batch_size: int, micro_batch_size: int,
 
 
 @dataclass(frozen=True)
-class TransformerActivations:
+class _TransformerActivations:
     """Activation bytes of a transformer encoder as a function of the sequence length s and
     the layer count L. Per sample: ``s * outside_per_token + L * (s * per_layer_per_token +
     s**2 * per_layer_per_token_squared)`` (the s**2 term is attention scores). Fixed, whatever
@@ -324,7 +323,7 @@ class TransformerActivations:
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:  # fitted coefficients: any sign, but finite
-            check_number(f"TransformerActivations.{name}", getattr(self, name))
+            check_number(f"_TransformerActivations.{name}", getattr(self, name))
 
     def bytes_per_sample(self, sequence_length: int, num_layers: int) -> float:
         """Return the modelled activation bytes that grow with each sample."""
@@ -348,8 +347,8 @@ class TransformerActivations:
 
 def fit_transformer_activations(
     measure: Callable[[int, int], int], lengths: tuple[int, int, int] = (32, 64, 128)
-) -> TransformerActivations:
-    """Return :class:`TransformerActivations` fitted to ``measure(num_layers, length)`` (the
+) -> _TransformerActivations:
+    """Return :class:`_TransformerActivations` fitted to ``measure(num_layers, length)`` (the
     measured activation bytes of ONE sample) at 1 and 2 layers and three lengths: the
     difference between 2 and 1 layers is one layer, solved exactly for its constant, s and
     s**2 terms; the rest (embeddings, head) is fitted as constant + s.
@@ -367,7 +366,7 @@ def fit_transformer_activations(
     fixed, per_token, per_token_squared = _solve_quadratic_through(lengths, layer)
     outside = [measured[1, s] - extra for s, extra in zip(lengths, layer, strict=True)]
     outside_fixed, outside_per_token = _least_squares_line(lengths, outside)
-    return TransformerActivations(float(outside_fixed), float(outside_per_token), float(fixed),
+    return _TransformerActivations(float(outside_fixed), float(outside_per_token), float(fixed),
                                   float(per_token), float(per_token_squared))
 
 
@@ -412,13 +411,13 @@ class TransformerShape:
 
     params_outside: int
     params_per_layer: int
-    activations: TransformerActivations
+    activations: _TransformerActivations
 
     def __post_init__(self) -> None:
         check_int("params_outside", self.params_outside, low=0)
         check_int("params_per_layer", self.params_per_layer, low=1)
-        if not isinstance(self.activations, TransformerActivations):
-            raise TypeError("activations must be a TransformerActivations; got "
+        if not isinstance(self.activations, _TransformerActivations):
+            raise TypeError("activations must be a _TransformerActivations; got "
                             f"{type(self.activations).__name__}")
 
     def num_parameters(self, num_layers: int) -> int:

@@ -6,7 +6,7 @@ checker cell, ``check_exercise("02.1", answer)``:
 * with ``answer = None`` (not attempted yet) the checker says so and passes;
 * with a right answer it prints ``✓``, what was checked and the true value, and returns None
   (so a notebook shows no ``Out:`` line);
-* with a wrong one it raises :class:`WrongAnswer` (an ``AssertionError``, so a solution notebook
+* with a wrong one it raises :class:`_WrongAnswer` (an ``AssertionError``, so a solution notebook
   fails under nbval), whose message is three lines: ``✗`` and the exercise, what answer was
   expected in words, and a hint. IPython shows that message alone, without a traceback. In the
   Chinese edition all three are in Chinese.
@@ -15,7 +15,7 @@ The checkers follow, notebook by notebook, and the table of exercises (:data:`_E
 the file. ``checker(answer, **context)`` computes the true answer itself, by running the
 library (the budget model, the engine, the ground truth, a real ``DistributedSampler``, the
 audited frameworks, a pipeline schedule...), never from a stored value; it returns what it
-checked, the true value included, or raises :class:`WrongAnswer` with a hint that does not
+checked, the true value included, or raises :class:`_WrongAnswer` with a hint that does not
 give the value away, in English and in Chinese (its ``zh``, from the same values, for the
 Chinese edition). The worked solutions live in ``notebooks/solutions/`` and are executed and
 checked by nbval in ``make test``, like the notebooks.
@@ -57,8 +57,8 @@ from ..workloads.models import (
     make_tiny_bert,
 )
 
-__all__ = ["BERT_BASE_CHINESE", "_EXERCISES", "_EXPECTS_ZH", "GIB", "_TITLES_ZH", "Exercise",
-           "WrongAnswer", "check_exercise", "correct_message", "language", "no_answer_message"]
+__all__ = ["BERT_BASE_CHINESE", "GIB", "Exercise",
+           "check_exercise", "correct_message", "language", "no_answer_message"]
 
 GIB = 1024**3
 # bert-base-chinese's published configuration (its config.json on the Hugging Face Hub)
@@ -69,7 +69,7 @@ BERT_BASE_CHINESE: dict[str, int] = {
 }
 
 
-class WrongAnswer(AssertionError):
+class _WrongAnswer(AssertionError):
     """A reader's answer that the checker computed to be wrong (the message says how).
 
     IPython (a notebook's kernel) calls ``_render_traceback_`` instead of printing a traceback,
@@ -100,10 +100,10 @@ def check_exercise(exercise_id: str, answer: object, **context: object) -> None:
 
     With ``answer`` None it says that there is no answer yet; with a right answer it prints
     ``✓`` and the true value. Either way it returns None. A wrong answer raises
-    :class:`WrongAnswer`: ``✗``, the answer expected in words, and a hint. ``context`` passes
+    :class:`_WrongAnswer`: ``✗``, the answer expected in words, and a hint. ``context`` passes
     what an exercise needs from its notebook cell (01.1: ``loops={"A": ..., ...}``; 02.2:
     ``loop=...``). In the Chinese edition (:func:`language`) the framing is in Chinese, and so
-    is the hint (the checker's ``WrongAnswer.zh``; its English one where it gives none); what a
+    is the hint (the checker's ``_WrongAnswer.zh``; its English one where it gives none); what a
     checker says it checked, the true value included, stays as it says it.
     """
     if exercise_id not in _EXERCISES:
@@ -114,9 +114,9 @@ def check_exercise(exercise_id: str, answer: object, **context: object) -> None:
         return
     try:
         checked = _EXERCISES[exercise_id].checker(answer, **context)
-    except WrongAnswer as wrong:  # one short message, not a chain of two tracebacks
+    except _WrongAnswer as wrong:  # one short message, not a chain of two tracebacks
         hint = wrong.zh if lang == "zh" and wrong.zh else str(wrong)
-        raise WrongAnswer(_wrong_message(exercise_id, hint, lang)) from None
+        raise _WrongAnswer(_wrong_message(exercise_id, hint, lang)) from None
     print(correct_message(exercise_id, checked, lang))
 
 
@@ -165,16 +165,16 @@ def _wrong_message(exercise_id: str, hint: str, lang: str = "en") -> str:
 def _number(answer: object, label: str, label_zh: str) -> float:
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):
         got = f"{type(answer).__name__} {answer!r}"
-        raise WrongAnswer(f"{label} must be a number; got {got}",
+        raise _WrongAnswer(f"{label} must be a number; got {got}",
                           zh=f"{label_zh}必须是一个数；实际得到的是 {got}")
     return float(answer)
 
 
 def _require(condition: bool, message: str, *, zh: str) -> None:
-    """Raise :class:`WrongAnswer` with ``message`` and its Chinese ``zh`` unless ``condition``
+    """Raise :class:`_WrongAnswer` with ``message`` and its Chinese ``zh`` unless ``condition``
     (every hint has both: the Chinese edition shows ``zh``)."""
     if not condition:
-        raise WrongAnswer(message, zh=zh)
+        raise _WrongAnswer(message, zh=zh)
 
 
 
@@ -299,7 +299,7 @@ def _fit_a_gpu(answer: object) -> str:
                    "最大的：用状态（每个参数 16 字节）和预留显存之外剩下的显存，除以每个样本的"
                    "激活值")
         k_hint, k_hint_zh = _k_hint(given_micro, given_k)
-        raise WrongAnswer(f"{hint}; {k_hint}", zh=f"{hint_zh}；{k_hint_zh}")
+        raise _WrongAnswer(f"{hint}; {k_hint}", zh=f"{hint_zh}；{k_hint_zh}")
     k_hint, k_hint_zh = _k_hint(micro, given_k)
     _require(given_k == k, k_hint, zh=k_hint_zh)
     return f"micro-batch {micro} fits, and k = {k} gives {micro * k} samples per step"
