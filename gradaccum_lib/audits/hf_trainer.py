@@ -38,7 +38,7 @@ from ..runtime import check_number, check_positive_int
 from .frameworks import WindowDataset
 
 __all__ = ["hf_model_loss_gradients", "hf_trainer_clipped_run", "hf_trainer_step",
-           "hf_trainer_train_sampler", "_summed_cross_entropy_over_window"]
+           "hf_trainer_train_sampler"]
 
 _WORKAROUNDS = (None, "accepts_loss_kwargs=False", "loss_is_scaled_for_ga=False",
                 "compute_loss_func")
