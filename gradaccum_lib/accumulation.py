@@ -117,6 +117,7 @@ class AccumulationTrainer:
         self.scaler = (torch.amp.GradScaler(self.device_type)
                        if amp_dtype == torch.float16 and self.device_type == "cuda" else None)
         self.normaliser: float | None = None  # the provisional one, fixed at the first window
+        self._seed: tuple[tuple[float, torch.dtype], float] | None = None  # backward's seed
         self.history = TrainingHistory()
         self.epoch = self.windows_done = self.optimizer_steps = 0
 
@@ -136,19 +137,24 @@ class AccumulationTrainer:
         started = self.windows_done
         total = (started + math.ceil(len(micro_batches) / self.accumulation_steps)
                  if hasattr(micro_batches, "__len__") else None)
+        stopped, record = False, None
         # at most one redraw a second: each is a message to a notebook's front end
         with tqdm(total=total, initial=started, desc=f"epoch {self.epoch}", unit="step",
                   disable=not self.progress or self.rank != 0, mininterval=1.0) as bar:
             for window in windows:
                 if max_windows is not None and self.windows_done >= max_windows:
-                    return self.history
+                    stopped = True
+                    break
                 record = self.step_window(window)
                 self.windows_done += 1
                 if after_window is not None:
                     after_window(window)
-                bar.update(1)
-                bar.set_postfix(loss=f"{record.loss:.4f}", lr=f"{record.learning_rate:.2e}",
-                                refresh=False)
+                if not bar.disable:  # a hidden bar formats nothing
+                    _count_window(bar, record)
+            if record is not None and not bar.disable:
+                _set_postfix(bar, record)  # the last window's, for the bar's final redraw
+        if stopped:
+            return self.history
         if self.windows_done == 0:
             raise ValueError("micro_batches is empty: an epoch needs at least one micro-batch")
         self.epoch, self.windows_done = self.epoch + 1, 0
@@ -158,7 +164,8 @@ class AccumulationTrainer:
         """Accumulate over ``window``'s micro-batches and take one optimizer step."""
         _check_window(window, self.accumulation_steps)
         self.optimizer.zero_grad(set_to_none=True)
-        losses, counts, totals = self._accumulate(window)
+        parameters = self._parameters()  # once a window; the observers get this list
+        losses, counts, totals = self._accumulate(window, parameters)
         try:
             if isinstance(totals, tuple):  # an all-reduce under way since the last backward
                 totals[1].wait()
@@ -168,13 +175,14 @@ class AccumulationTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             raise
         for observer in self.observers:
-            observer.on_window_end(self._parameters(), items, self.normaliser)
+            observer.on_window_end(parameters, items, self.normaliser)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # once per window, before clipping
+        grads = [grad for p in parameters if (grad := p.grad) is not None]
         factor = self.normaliser * self.world_size / items  # DDP/FSDP2 averaged over ranks
         if factor != 1.0:  # every micro-batch as many items: nothing to rescale
-            _scale_gradients_([p.grad for p in self._parameters() if p.grad is not None], factor)
-        grad_norm = self._clip()
+            _scale_gradients_(grads, factor)
+        grad_norm = self._clip(parameters, grads)
         learning_rate = float(self.optimizer.param_groups[0]["lr"])
         self._step()
         record = WindowRecord(self.epoch, self.windows_done, len(window), items,
@@ -182,7 +190,8 @@ class AccumulationTrainer:
         self.history.records.append(record)
         return record
 
-    def _accumulate(self, window: Sequence[Batch]) -> tuple[list, list, Any]:
+    def _accumulate(self, window: Sequence[Batch], parameters: list[nn.Parameter],
+                    ) -> tuple[list, list, Any]:
         """Forward and backward every micro-batch; return the summed losses and counts (numbers
         on a CPU, tensors elsewhere: no host sync) and the totals (local, or being summed)."""
         losses: list[Tensor | float] = []
@@ -201,10 +210,10 @@ class AccumulationTrainer:
                     raise ValueError(
                         f"the loss of micro-batch {micro_step} does not require grad: loss_fn "
                         "must not detach it or run under torch.no_grad()")
-                on_cpu = summed_loss.device.type == "cpu"
-                losses.append(summed_loss.item() if on_cpu else _fp32(summed_loss.detach()))
-                counts.append(count.item() if isinstance(count, Tensor)
-                              and count.device.type == "cpu" else count)
+                losses.append(summed_loss.item() if summed_loss.is_cpu
+                              else _fp32(summed_loss.detach()))
+                counts.append(count.item() if isinstance(count, Tensor) and count.is_cpu
+                              else count)
                 if self.normaliser is None:
                     self.normaliser = self._first_normaliser(float(count))
                 if micro_step == last:
@@ -212,11 +221,9 @@ class AccumulationTrainer:
                     if self.world_size > 1:  # one all-reduce, under way during the backward
                         totals = torch.as_tensor(totals, dtype=torch.float64).to(self._device)
                         totals = (totals, dist.all_reduce(totals, async_op=True))
-                loss = _fp32(summed_loss) / self.normaliser
-                (self.scaler.scale(loss) if self.scaler else loss).backward()
+                self._backward(_fp32(summed_loss))
             for observer in self.observers:
-                observer.on_micro_step(self._parameters(), micro_step, float(count),
-                                       self.normaliser)
+                observer.on_micro_step(parameters, micro_step, float(count), self.normaliser)
         return losses, counts, totals
 
     def _first_normaliser(self, count: float) -> float:
@@ -227,17 +234,29 @@ class AccumulationTrainer:
             dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return float(value)
 
-    def _clip(self) -> float:
+    def _backward(self, loss: Tensor) -> None:
+        """Backward of ``loss`` / the provisional normaliser. Without GradScaler the quotient
+        is not built: its gradient, 1 / normaliser, is backward's seed (the very bits a
+        division's backward passes on; no division forward, no node for it in the graph, no
+        ``ones_like``), made anew each time (a graph of views could hand it to a ``.grad``)."""
+        if self.scaler is not None:
+            self.scaler.scale(loss / self.normaliser).backward()
+            return
+        key = (self.normaliser, loss.dtype)
+        if self._seed is None or self._seed[0] != key:
+            self._seed = key, (torch.ones((), dtype=loss.dtype) / self.normaliser).item()
+        loss.backward(torch.full_like(loss, self._seed[1]))
+
+    def _clip(self, parameters: list[nn.Parameter], grads: list[Tensor]) -> float:
         """Clip once, on the accumulated gradient; return its norm before clipping. A norm
         that is not finite raises (gradients cleared, no step), unless GradScaler skips."""
-        parameters = self._parameters()
         if self.max_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(parameters, self.max_grad_norm)
+            norm = float(_full_value(torch.nn.utils.clip_grad_norm_(parameters,
+                                                                    self.max_grad_norm)))
         elif self.track_grad_norm:
-            norm = _gradient_norm([p.grad for p in parameters if p.grad is not None])
+            norm = _gradient_norm(grads)
         else:
             return float("nan")
-        norm = float(_full_value(norm))
         if not math.isfinite(norm) and self.scaler is None:
             name = _first_non_finite_gradient(self.model)
             self.optimizer.zero_grad(set_to_none=True)
@@ -282,6 +301,19 @@ class AccumulationTrainer:
         for key in _STATE[2:]:
             setattr(self, key, state[key])
         self.history = history
+
+
+def _count_window(bar: tqdm, record: WindowRecord) -> None:
+    """Count a window on a shown bar; format its loss and lr only when the bar may redraw now
+    (tqdm checks ``n - last_print_n >= miniters`` first; ``miniters`` follows the rate, so
+    after the first second that is about once per ``mininterval``)."""
+    if bar.n + 1 - bar.last_print_n >= bar.miniters:
+        _set_postfix(bar, record)
+    bar.update(1)
+
+
+def _set_postfix(bar: tqdm, record: WindowRecord) -> None:
+    bar.set_postfix(loss=f"{record.loss:.4f}", lr=f"{record.learning_rate:.2e}", refresh=False)
 
 
 # The engine's own steps, in the order a window calls them. ------------------------------------
@@ -436,16 +468,21 @@ def _scale_gradients_(grads: list[Tensor], factor: float) -> None:
             torch._foreach_mul_(grads, factor)
 
 
-def _gradient_norm(grads: list[Tensor]) -> Tensor:
-    """The L2 norm of all of ``grads`` together (0 for none): one ``_foreach_norm`` dispatch
-    when they share a device and dtype (``get_total_norm`` loops over them on a CPU),
-    ``get_total_norm`` for DTensor shards and mixed groups."""
+def _gradient_norm(grads: list[Tensor]) -> float:
+    """The L2 norm of all of ``grads`` together (0 for none), from one ``_foreach_norm``: on a
+    CPU its norms are read and combined as numbers (``math.hypot``: no overflow, no more
+    dispatches), elsewhere by one ``vector_norm`` and one read; ``get_total_norm`` for
+    DTensor shards (their full value: every rank must call it) and, off the CPU, for grads
+    of more than one device or dtype."""
     if not grads:
-        return torch.zeros(())
-    if any(hasattr(g, "full_tensor") for g in grads) or len({(g.device, g.dtype)
-                                                              for g in grads}) > 1:
-        return torch.nn.utils.get_total_norm(grads)
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        return 0.0
+    if any(hasattr(g, "full_tensor") for g in grads):
+        return float(_full_value(torch.nn.utils.get_total_norm(grads)))
+    if grads[0].is_cpu:
+        return math.hypot(*[norm.item() for norm in torch._foreach_norm(grads)])
+    if len({(g.device, g.dtype) for g in grads}) > 1:
+        return float(torch.nn.utils.get_total_norm(grads))
+    return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))))
 
 
 def _full_value(tensor: Tensor) -> Tensor:

@@ -44,12 +44,12 @@ def test_checked_totals_names_the_bad_micro_batch_or_another_rank():
 
 def test_gradient_norm_and_scale_match_torch():
     grads = [torch.randn(5, 3, generator=torch.Generator().manual_seed(i)) for i in range(3)]
-    assert gradient_norm(grads).item() == pytest.approx(
+    assert gradient_norm(grads) == pytest.approx(
         torch.nn.utils.get_total_norm(grads).item(), rel=1e-6)
     mixed = [grads[0].double(), grads[1]]  # two dtype groups: get_total_norm's path
-    assert gradient_norm(mixed).item() == pytest.approx(
+    assert gradient_norm(mixed) == pytest.approx(
         torch.cat([g.double().flatten() for g in mixed]).norm().item(), rel=1e-6)
-    assert gradient_norm([]).item() == 0.0
+    assert gradient_norm([]) == 0.0
     before = [g.clone() for g in grads]
     scale_gradients_(grads, 0.5)
     assert all(torch.equal(g, b * 0.5) for g, b in zip(grads, before, strict=True))
