@@ -46,7 +46,7 @@ def test_gradient_norm_and_scale_match_torch():
     grads = [torch.randn(5, 3, generator=torch.Generator().manual_seed(i)) for i in range(3)]
     assert gradient_norm(grads) == pytest.approx(
         torch.nn.utils.get_total_norm(grads).item(), rel=1e-6)
-    mixed = [grads[0].double(), grads[1]]  # two dtype groups: get_total_norm's path
+    mixed = [grads[0].double(), grads[1]]  # two dtypes: each norm read as a number
     assert gradient_norm(mixed) == pytest.approx(
         torch.cat([g.double().flatten() for g in mixed]).norm().item(), rel=1e-6)
     assert gradient_norm([]) == 0.0
