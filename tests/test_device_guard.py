@@ -1,4 +1,5 @@
-"""The device rule for the code a reader copies (00's card loops, 05's plain loop): every
+"""The device rule for the code a reader copies (00's card loops, 05's plain loop and the
+correct loop of its sync-flag program, which its other trap programs reuse): every
 tensor handed to a collective lives on the model's device, so the same code runs under gloo
 on a CPU and under nccl on GPUs.
 
@@ -26,10 +27,13 @@ written_program = load_script("scripts/gpu_check.py").written_program
 
 CARD = ("00_the_article.ipynb", "answer_loop.py", "card")
 PLAIN = ("05_ddp_torchrun.ipynb", "plain_ddp_loop.py", "plain")
+SYNC_FLAG = ("05_ddp_torchrun.ipynb", "sync_flag.py", "sync_flag")
 CPU_COUNT = {  # the count tensor put back on the default device, as the card once had it
     "card": ("for _, y in window)), device=device)", "for _, y in window)))"),
     "plain": ("for _, labels in window)),\n                         device=device)",
               "for _, labels in window)))"),
+    "sync_flag": ("for _, labels in window)),\n                         "
+                  "device=next(model.parameters()).device)", "for _, labels in window)))"),
 }
 
 
@@ -42,16 +46,16 @@ def _guarded(program: str, kind: str, folder: Path) -> dict[str, str]:
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize(("notebook", "name", "kind"), [CARD, PLAIN])
+@pytest.mark.parametrize(("notebook", "name", "kind"), [CARD, PLAIN, SYNC_FLAG])
 def test_the_readers_loops_hand_collectives_tensors_on_the_models_device(
         notebook, name, kind, tmp_path):
     results = _guarded(written_program(notebook, name), kind, tmp_path)
-    expected = ({"train_window", "train_window_fp16"} if kind == "card"
-                else {"train_window (ddp)"})
+    expected = {"card": {"train_window", "train_window_fp16"}, "plain": {"train_window (ddp)"},
+                "sync_flag": {"train_window (flag before the forward)"}}[kind]
     assert results == dict.fromkeys(expected, "ok")
 
 
-@pytest.mark.parametrize(("notebook", "name", "kind"), [CARD, PLAIN])
+@pytest.mark.parametrize(("notebook", "name", "kind"), [CARD, PLAIN, SYNC_FLAG])
 def test_a_copy_with_a_cpu_count_tensor_fails_the_guard(notebook, name, kind, tmp_path):
     program = written_program(notebook, name)
     good, bad = CPU_COUNT[kind]

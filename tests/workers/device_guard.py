@@ -7,7 +7,7 @@ On a CPU-only machine the model's device and the default device are both the CPU
 run cannot tell ``torch.tensor(n)`` from ``torch.tensor(n, device=model_device)``; under nccl
 the first raises "No backend type associated with device type cpu". Here the two differ.
 
-    python tests/workers/device_guard.py PROGRAM card|plain --json OUT
+    python tests/workers/device_guard.py PROGRAM card|plain|sync_flag --json OUT
 
 One process, a world-size-1 gloo group of its own (a FileStore in OUT's folder). Writes
 {function: "ok" | the error} to OUT.
@@ -80,17 +80,31 @@ def plain_calls(loops: dict) -> dict:
     return {"train_window (ddp)": lambda: loops["train_window"](model, optimizer, pairs, "ddp")}
 
 
+def sync_flag_calls(loops: dict) -> dict:
+    """Notebook 05's sync_flag.py: train_window with the flag set before the forward (the
+    loop its static_graph.py and set_epoch.py programs reuse) on a DDP MLP, one window."""
+    inputs, labels = make_toy_classification(32, 16, 4, seed=0, dtype=torch.float64)
+    window = [(inputs[i:i + 8], labels[i:i + 8]) for i in range(0, 32, 8)]
+    model = DistributedDataParallel(make_mlp(16, 64, 4, seed=0, dtype=torch.float64))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return {"train_window (flag before the forward)": lambda: loops["train_window"](
+        model, optimizer, window, loops["flag_before_forward"])}
+
+
+CALLS = {"card": card_calls, "plain": plain_calls, "sync_flag": sync_flag_calls}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("program", type=Path)
-    parser.add_argument("kind", choices=("card", "plain"))
+    parser.add_argument("kind", choices=tuple(CALLS))
     parser.add_argument("--json", type=Path, required=True)
     arguments = parser.parse_args()
     loops = runpy.run_path(str(arguments.program))  # its __main__ block does not run
     store = dist.FileStore(str(arguments.json.with_suffix(".store")), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     guard_collectives(torch.device("cpu"))
-    calls = (card_calls if arguments.kind == "card" else plain_calls)(loops)
+    calls = CALLS[arguments.kind](loops)
     results = {}
     for name, call in calls.items():
         torch.set_default_device("meta")  # a tensor made without device= lands here
