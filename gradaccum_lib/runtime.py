@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 __all__ = [
-    "PROFILES",
     "Profile",
     "check_bool",
     "check_choice",
@@ -61,7 +60,7 @@ class Profile:
     emr_lr: float  # AdamW's peak learning rate for the case study (a wider model needs less)
 
 
-PROFILES: dict[str, Profile] = {
+_PROFILES: dict[str, Profile] = {
     "ci": Profile("ci", 64, 16, 32, 4, 24, 50, 200, 256, 512, 200, 5, 5,
                   128, 64, 2, 2, 2000, 8, 3e-3),
     "cpu": Profile("cpu", 256, 32, 64, 4, 48, 200, 1000, 512, 1024, 1000, 8, 9,
@@ -79,12 +78,12 @@ def get_profile(name: str | None = None) -> Profile:
         name = os.environ.get("GRADACCUM_PROFILE") or (
             "gpu" if torch.cuda.is_available() else "cpu"
         )
-    if not isinstance(name, str) or name not in PROFILES:
+    if not isinstance(name, str) or name not in _PROFILES:
         raise ValueError(
-            f"profile must be one of {sorted(PROFILES)} (argument or GRADACCUM_PROFILE); "
+            f"profile must be one of {sorted(_PROFILES)} (argument or GRADACCUM_PROFILE); "
             f"got {name!r}"
         )
-    return PROFILES[name]
+    return _PROFILES[name]
 
 
 def describe_profile(profile: Profile, *fields: str) -> str:
@@ -261,5 +260,5 @@ def check_model(model: object) -> None:
         (first, first_name), (second, second_name) = list(dtypes.items())[:2]
         raise ValueError(
             f"model's parameters have mixed dtypes ({first_name!r} is {first}, {second_name!r} "
-            f"is {second}); cast the model to one dtype (e.g. model.float()) and use amp_dtype "
-            "for lower-precision compute")
+            f"is {second}); cast the model to one dtype (e.g. model.float()) and use "
+            "autocast_dtype for lower-precision compute")

@@ -1,14 +1,13 @@
-"""The device rule for the code a reader copies (00's card loops, 05's plain loop and the
-correct loop of its sync-flag program, which its other trap programs reuse): every
-tensor handed to a collective lives on the model's device, so the same code runs under gloo
-on a CPU and under nccl on GPUs.
+"""The device rule for the loop: every tensor ``accumulate_window`` builds for a collective lives
+on the model's device, so the same call runs under gloo on a CPU and under nccl on GPUs.
 
-What the guard catches: a tensor passed to a ``torch.distributed`` collective that was built
-without ``device=`` (or on a fixed device) while the model lives elsewhere; the worker makes
-the default device ``meta`` so that such a tensor differs from the CPU model's device. What it
-does not catch: a collective called outside these functions (the programs' ``__main__``
-blocks, which only ``make gpu-check`` runs under nccl), a backend chosen wrongly, or a tensor
-moved to the wrong GPU index; ``make gpu-check`` proves those on a GPU.
+On a CPU-only machine the model's device and the default device are both the CPU, so a plain
+run cannot tell ``torch.as_tensor(n)`` from ``torch.as_tensor(n, device=model_device)``; under
+nccl the first raises "No backend type associated with device type cpu". The guard makes them
+differ: it runs the loop on a CPU model while the DEFAULT device is ``meta``, with every
+collective checking that its tensor lives on the model's device (one process, a world-size-1
+gloo group). What it does not catch: a backend chosen wrongly or a tensor on the wrong GPU
+index; ``make gpu-check`` proves those on a GPU.
 """
 
 from __future__ import annotations
@@ -18,53 +17,62 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from script_loader import load_script
-
 ROOT = Path(__file__).resolve().parent.parent
-GUARD = ROOT / "tests" / "workers" / "device_guard.py"
-written_program = load_script("scripts/gpu_check.py").written_program
+LOOP = ROOT / "gradaccum_lib" / "accumulation.py"
+COUNT = "counts.append(torch.as_tensor(num_items, dtype=torch.float64, device=device))"
 
-CARD = ("00_the_article.ipynb", "answer_loop.py", "card")
-PLAIN = ("05_ddp_torchrun.ipynb", "plain_ddp_loop.py", "plain")
-SYNC_FLAG = ("05_ddp_torchrun.ipynb", "sync_flag.py", "sync_flag")
-CPU_COUNT = {  # the count tensor put back on the default device, as the card once had it
-    "card": ("for _, y in window)), device=device)", "for _, y in window)))"),
-    "plain": ("for _, labels in window)),\n                         device=device)",
-              "for _, labels in window)))"),
-    "sync_flag": ("for _, labels in window)),\n                         "
-                  "device=next(model.parameters()).device)", "for _, labels in window)))"),
-}
+GUARD = """\
+import importlib.util, json, sys
+import torch, torch.distributed as dist
+from torch.nn.functional import cross_entropy
+from torch.nn.parallel import DistributedDataParallel
+from gradaccum_lib.workloads.models import make_mlp
+
+source, out = sys.argv[1], sys.argv[2]
+spec = importlib.util.spec_from_file_location("gradaccum_lib.guarded_copy", source)
+loop = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # as `source` has it
+spec.loader.exec_module(loop)
+dist.init_process_group("gloo", store=dist.FileStore(out + ".store", 1), rank=0, world_size=1)
+for name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter_tensor", "reduce"):
+    def checked(tensor, *args, _real=getattr(dist, name), _name=name, **kwargs):
+        if tensor.device != torch.device("cpu"):  # the model's device
+            raise RuntimeError(f"dist.{_name} got a tensor on {tensor.device}; the model is on cpu")
+        return _real(tensor, *args, **kwargs)
+    setattr(dist, name, checked)
+model = DistributedDataParallel(make_mlp(16, 32, 4, seed=1, dtype=torch.float32))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+window = [(torch.randn(10, 16), torch.randint(0, 4, (10,))),
+          (torch.randn(3, 16), torch.randint(0, 4, (3,)))]
+torch.set_default_device("meta")  # a tensor made without device= lands here
+try:
+    loop.accumulate_window(model, optimizer, window,  # an int count: built by the loop
+                           lambda m, b: (cross_entropy(m(b[0]), b[1], reduction="sum"), len(b[1])))
+    result = "ok"
+except RuntimeError as error:
+    result = str(error)
+torch.set_default_device(None)
+dist.destroy_process_group()
+with open(out, "w") as handle:
+    json.dump(result, handle)
+"""
 
 
-def _guarded(program: str, kind: str, folder: Path) -> dict[str, str]:
-    path, out = folder / f"{kind}.py", folder / f"{kind}.json"
-    path.write_text(program)
-    done = subprocess.run([sys.executable, str(GUARD), str(path), kind, "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+def _guarded(source: str, folder: Path) -> str:
+    loop, guard, out = folder / "loop.py", folder / "guard.py", folder / "out.json"
+    loop.write_text(source)
+    guard.write_text(GUARD)
+    done = subprocess.run([sys.executable, str(guard), str(loop), str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize(("notebook", "name", "kind"), [CARD, PLAIN, SYNC_FLAG])
-def test_the_readers_loops_hand_collectives_tensors_on_the_models_device(
-        notebook, name, kind, tmp_path):
-    results = _guarded(written_program(notebook, name), kind, tmp_path)
-    expected = {"card": {"train_window", "train_window_fp16"}, "plain": {"train_window (ddp)"},
-                "sync_flag": {"train_window (flag before the forward)"}}[kind]
-    assert results == dict.fromkeys(expected, "ok")
+def test_the_loop_hands_collectives_tensors_on_the_models_device(tmp_path):
+    assert _guarded(LOOP.read_text(), tmp_path) == "ok"
 
 
-@pytest.mark.parametrize(("notebook", "name", "kind"), [CARD, PLAIN, SYNC_FLAG])
-def test_a_copy_with_a_cpu_count_tensor_fails_the_guard(notebook, name, kind, tmp_path):
-    program = written_program(notebook, name)
-    good, bad = CPU_COUNT[kind]
-    assert program.count(good) == (2 if kind == "card" else 1)  # every count tensor
-    results = _guarded(program.replace(good, bad), kind, tmp_path)
-    assert results and all("dist.all_reduce got a tensor on meta; the model is on cpu" in why
-                           for why in results.values()), results
-
-
-def test_written_program_names_a_missing_cell():
-    with pytest.raises(ValueError, match="has no cell starting with"):
-        written_program("00_the_article.ipynb", "no_such_program.py")
+def test_a_copy_with_its_count_tensor_on_the_default_device_fails_the_guard(tmp_path):
+    source = LOOP.read_text()
+    assert source.count(COUNT) == 1  # the one count tensor the loop builds from a number
+    result = _guarded(source.replace(COUNT, COUNT.replace(", device=device", "")), tmp_path)
+    assert result != "ok" and "meta" in result, result

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from gradaccum_lib import split_into_micro_batches
-from gradaccum_lib.accumulation import AccumulationTrainer
+from gradaccum_lib.accumulation import accumulate_window
 from gradaccum_lib.equivalence import full_batch_gradients
 from gradaccum_lib.gradients import flatten_gradients
 from gradaccum_lib.losses import sample_classification_loss
 from gradaccum_lib.measure.noise import (
     NoiseScaleTracker,
-    brute_force_noise_scale,
     _noise_scale_estimates,
+    brute_force_noise_scale,
     scaled_learning_rate,
 )
 from gradaccum_lib.notebook.widgets import _describe_learning_rates, learning_rate_explorer
@@ -40,30 +40,34 @@ def test_tracker_matches_brute_force_on_a_model_where_it_is_known():
         model, sample_classification_loss, (inputs[i:i + 1], labels[i:i + 1])))
         for i in range(128)])
     truth = brute_force_noise_scale(per_sample)
-    tracker = NoiseScaleTracker()
-    trainer = AccumulationTrainer(model, sample_classification_loss,
-                                  torch.optim.SGD(model.parameters(), lr=0.0),
-                                  accumulation_steps=4, progress=False, observers=[tracker])
+    tracker = NoiseScaleTracker(model.parameters())
+    frozen = torch.optim.SGD(model.parameters(), lr=0.0)
     generator = torch.Generator().manual_seed(0)
     for _ in range(300):
         rows = torch.randint(0, 128, (16,), generator=generator)
-        trainer.step_window(split_into_micro_batches((inputs[rows], labels[rows]),
-                                                     accumulation_steps=4))
+        window = split_into_micro_batches((inputs[rows], labels[rows]), accumulation_steps=4)
+        accumulate_window(model, frozen, window, sample_classification_loss,
+                          after_backward=tracker.after_backward)
+        tracker.end_window()
+    assert len(tracker.records) == 300
     mean = {key: sum(r[key] for r in tracker.records) / len(tracker.records)
             for key in ("squared_gradient", "trace")}
     assert mean["trace"] / mean["squared_gradient"] == pytest.approx(truth, rel=0.15)
     assert math.isfinite(tracker.records[-1]["b_simple_smoothed"])
 
 
-def test_tracker_skips_single_micro_batch_windows():
+def test_tracker_skips_single_micro_batch_windows_and_needs_after_backward():
     inputs, labels = make_toy_classification(8, 4, 2)
     model = make_mlp(4, 5, 2)
-    tracker = NoiseScaleTracker()
-    trainer = AccumulationTrainer(model, sample_classification_loss,
-                                  torch.optim.SGD(model.parameters(), lr=0.1),
-                                  accumulation_steps=1, progress=False, observers=[tracker])
-    trainer.step_window([(inputs, labels)])
+    tracker = NoiseScaleTracker(model.parameters())
+    accumulate_window(model, torch.optim.SGD(model.parameters(), lr=0.1), [(inputs, labels)],
+                      sample_classification_loss, after_backward=tracker.after_backward)
+    tracker.end_window()
     assert tracker.records == []
+    with pytest.raises(ValueError, match="pass after_backward=tracker.after_backward"):
+        tracker.end_window()
+    with pytest.raises(ValueError, match="micro_step 1 came first"):
+        tracker.after_backward(1, 4)
 
 
 def test_brute_force_noise_scale_by_hand_and_errors():
@@ -89,6 +93,8 @@ def test_scaled_learning_rate_rules_and_widget():
     assert "linear: lr 2.00e-03 -> 1.500" in summary.value
 
 
-def test_tracker_rejects_a_smoothing_outside_0_1():
+def test_tracker_rejects_a_smoothing_outside_0_1_and_no_parameters():
     with pytest.raises(ValueError, match=r"smoothing must be in \[0, 1\); got 1.0"):
-        NoiseScaleTracker(smoothing=1.0)
+        NoiseScaleTracker(make_mlp(4, 5, 2).parameters(), smoothing=1.0)
+    with pytest.raises(TypeError, match=r"parameters must be the model's parameters"):
+        NoiseScaleTracker([])

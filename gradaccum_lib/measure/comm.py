@@ -1,6 +1,6 @@
 """A teaching instrument: a DDP communication hook that counts what gradient synchronisation
 sends, then averages each bucket as DDP's default does (divide by the group's size, one
-``dist.all_reduce``). The notebooks register it; the engine does not know about it.
+``dist.all_reduce``). The notebooks register it; ``accumulate_window`` does not know about it.
 
 DDP takes one hook per model, registered before its first synchronising backward pass; a hook
 must not carry string annotations (``from __future__ import annotations``) on its ``state``

@@ -15,7 +15,7 @@ accumulated gradient before and after its backward pass.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor, nn
@@ -51,47 +51,54 @@ def _flat_gradient(parameters: list[nn.Parameter]) -> Tensor:
                       .reshape(-1).to(torch.float64) for p in parameters])
 
 
-@dataclass
 class NoiseScaleTracker:
-    """An :class:`~gradaccum_lib.accumulation.AccumulationTrainer` observer estimating the
-    noise scale every window from its micro-batch and window gradients, with exponential
-    moving averages of |G|² and tr Σ (smoothing the ratio's numerator and denominator
-    separately, as the paper recommends). Costs two flat copies of the gradient.
+    """The noise scale of every window, from the gradients accumulation computes anyway: pass
+    ``after_backward=tracker.after_backward`` to
+    :func:`~gradaccum_lib.accumulation.accumulate_window`, then call ``tracker.end_window()``.
+    Exponential moving averages of |G|² and tr Σ smooth the ratio's numerator and denominator
+    separately, as the paper recommends. Costs two flat copies of the gradient.
     """
 
-    smoothing: float = 0.9
-    records: list[dict[str, float]] = field(default_factory=list)
-    _previous: Tensor | None = field(default=None, repr=False)
-    _micro_squared: list[float] = field(default_factory=list, repr=False)
-    _micro_items: list[float] = field(default_factory=list, repr=False)
-    _ema: tuple[float, float] | None = field(default=None, repr=False)
+    def __init__(self, parameters: Iterable[nn.Parameter], *, smoothing: float = 0.9) -> None:
+        self.smoothing = check_number("smoothing", smoothing, low=0, high=1, high_open=True)
+        self.parameters = list(parameters)
+        if not self.parameters or not all(isinstance(p, Tensor) for p in self.parameters):
+            raise TypeError("parameters must be the model's parameters (model.parameters()), "
+                            "at least one tensor")
+        self.records: list[dict[str, float]] = []
+        self._summed: Tensor | None = None  # the window's gradient sum after the last backward
+        self._micro_squared: list[float] = []
+        self._micro_items: list[float] = []
+        self._ema: tuple[float, float] | None = None
 
-    def __post_init__(self) -> None:
-        check_number("smoothing", self.smoothing, low=0, high=1, high_open=True)
-
-    def on_micro_step(self, parameters: list[nn.Parameter], micro_step: int,
-                      num_items: float, provisional: float) -> None:
-        """Record the squared norm of this micro-batch's mean-loss gradient."""
-        current = _flat_gradient(parameters)
-        if micro_step != 0 and self._previous is None:
-            raise ValueError(f"micro_step {micro_step} came first; a window starts at micro_step 0 "
-                             "(attach the tracker before training starts)")
+    def after_backward(self, micro_step: int, num_items: float) -> None:
+        """Record the squared norm of this micro-batch's mean-loss gradient: what its backward
+        added to the gradients' running sum of summed-loss gradients, over its items."""
+        summed = _flat_gradient(self.parameters)
         if micro_step == 0:
-            self._previous = torch.zeros_like(current)
+            self._summed = torch.zeros_like(summed)
             self._micro_squared, self._micro_items = [], []
+        elif self._summed is None:
+            raise ValueError(f"micro_step {micro_step} came first; a window starts at "
+                             "micro_step 0")
         if num_items > 0:
-            micro = (current - self._previous) * (provisional / num_items)
+            micro = (summed - self._summed) / num_items
             self._micro_squared.append(float(micro.pow(2).sum()))
             self._micro_items.append(num_items)
-        self._previous = current
+        self._summed = summed
 
-    def on_window_end(self, parameters: list[nn.Parameter], total_items: float,
-                      provisional: float) -> None:
-        """Combine the window's gradient with its micro-batches' into one estimate."""
+    def end_window(self) -> None:
+        """Combine the window's gradient (the sum over all its items, divided by their count)
+        with its micro-batches' into one estimate; call it after accumulate_window returns."""
+        if self._summed is None:
+            raise ValueError("end_window() came with no after_backward since the last window; "
+                             "pass after_backward=tracker.after_backward to accumulate_window")
+        summed, self._summed = self._summed, None
         if len(self._micro_squared) < 2:
             return  # a window of one micro-batch has only one batch size
-        window = _flat_gradient(parameters) * (provisional / total_items)
-        small = sum(self._micro_items) / len(self._micro_items)
+        total_items = sum(self._micro_items)
+        window = summed / total_items
+        small = total_items / len(self._micro_items)
         squared_gradient, trace = _noise_scale_estimates(
             sum(self._micro_squared) / len(self._micro_squared), float(window.pow(2).sum()),
             small, total_items)

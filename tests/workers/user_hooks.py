@@ -1,4 +1,4 @@
-"""Test worker: the engine leaves a user's DDP comm hook in place, and stays exact beside it
+"""Test worker: accumulate_window leaves a user's DDP comm hook in place, and stays exact beside it
 (2 gloo ranks).
 
 For each hook the user registers before training (none; torch's ``allreduce_hook`` wrapped
@@ -7,7 +7,7 @@ PowerSGD with ``gradient_as_bucket_view``, where the hook's bucket IS the ``.gra
 trains 3 windows of a float64 MLP whose ranks hold different numbers of samples (12 and 20: the
 division must use the global count), and records per window how many backward passes the
 hook synchronised and how many all-reduces ran (``ProcessGroup.allreduce``, whoever calls it).
-After training, registering another hook must still work on the model without one (the engine
+After training, registering another hook must still work on the model without one (the loop
 took no slot) and fail on the others (the user's hook is still there). Then a NaN loss on rank
 1: both ranks raise, no step. Rank 0 writes JSON.
 """
@@ -23,7 +23,7 @@ from torch._C._distributed_c10d import ProcessGroup
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from gradaccum_lib.accumulation import AccumulationTrainer
+from gradaccum_lib.accumulation import accumulate_window
 from gradaccum_lib.batches import NonFiniteLossError, split_into_micro_batches
 from gradaccum_lib.distributed import init_distributed, process_group_session
 from gradaccum_lib.equivalence import full_batch_gradients
@@ -64,23 +64,22 @@ def _train(how: str, windows: list) -> dict:
     elif how.startswith("PowerSGD"):  # vanilla all-reduce for its first iterations, then compressed
         model.register_comm_hook(powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=1),
                                  powerSGD_hook.powerSGD_hook)
-    trainer = AccumulationTrainer(model, sample_classification_loss,
-                                  torch.optim.SGD(model.parameters(), lr=0.5),
-                                  accumulation_steps=len(windows[0]), progress=False)
-    all_reduces, syncs = [], []
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    all_reduces, syncs, items = [], [], []
     for window in windows:
         before, synced = CALLS["all_reduce"], CALLS["hook_syncs"]
-        trainer.step_window(window)
+        items.append(accumulate_window(model, optimizer, window,
+                                       sample_classification_loss).items)
         all_reduces.append(CALLS["all_reduce"] - before)
         syncs.append(CALLS["hook_syncs"] - synced)
-    try:  # DDP takes one hook: a free slot means the engine registered none
+    try:  # DDP takes one hook: a free slot means the loop registered none
         model.register_comm_hook(None, _noop_hook)
         slot = "free"
     except RuntimeError as error:
         slot = f"taken: {error}"
     return {"parameters": _parameters(model), "all_reduces_per_window": all_reduces,
             "hook_syncs_per_window": syncs, "slot_after": slot,
-            "items": [record.items for record in trainer.history.records]}
+            "items": items}
 
 
 def main() -> int:
@@ -115,16 +114,14 @@ def main() -> int:
         results["reference"] = _parameters(reference)
         # a NaN on rank 1 only: both ranks raise after the window, no step taken
         model = DistributedDataParallel(make_mlp(6, 16, 3, seed=0, dtype=torch.float64))
-        trainer = AccumulationTrainer(model, sample_classification_loss,
-                                      torch.optim.SGD(model.parameters(), lr=0.5),
-                                      accumulation_steps=2, progress=False)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
         before = [p.detach().clone() for p in model.parameters()]
         x, y = windows[0][0]
         bad = x.clone()
         if ctx.rank == 1:
             bad[0, 0] = float("nan")
         try:
-            trainer.step_window([(x, y), (bad, y)])
+            accumulate_window(model, optimizer, [(x, y), (bad, y)], sample_classification_loss)
             raised = "no error"
         except NonFiniteLossError as error:
             raised = str(error)
@@ -132,8 +129,7 @@ def main() -> int:
                       for a, p in zip(before, model.parameters(), strict=True))
         raised_everywhere = [None, None]
         dist.all_gather_object(raised_everywhere, raised)
-        results["nan"] = {"raised": raised_everywhere, "stepped": stepped,
-                          "optimizer_steps": trainer.optimizer_steps}
+        results["nan"] = {"raised": raised_everywhere, "stepped": stepped}
         if ctx.is_main:
             with open(arguments.json, "w") as handle:
                 json.dump(results, handle)
