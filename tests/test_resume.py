@@ -1,143 +1,191 @@
-"""Exact resume with the loaders people use, and checkpoint files that refuse to be wrong."""
+"""The job's checkpoints: an exact resume in one process, files that refuse to be wrong, and the
+one check of a checkpoint's state against the run, made before anything is restored."""
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import json
 import os
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from gradaccum_lib.accumulation import AccumulationTrainer
+from gradaccum_lib.distributed import init_distributed
+from gradaccum_lib.jobs import train
 from gradaccum_lib.jobs.checkpoints import (
+    _MAGIC,
     CheckpointError,
-    optimizer_state_problems,
     read_checkpoint,
     remove_stale_temporaries,
-    state_problems,
     write_checkpoint,
 )
-from gradaccum_lib.jobs.resume import Resumable
-from gradaccum_lib.losses import sample_classification_loss
-from gradaccum_lib.workloads.data import make_toy_classification
-from gradaccum_lib.workloads.models import make_mlp
 
-DATASET = TensorDataset(*make_toy_classification(100, 8, 3, seed=4))  # 6 windows of 16 + 4
-
-
-def _trainer():
-    model = make_mlp(8, 16, 3, dropout=0.3, seed=0)  # dropout: the RNG matters mid-epoch too
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
-    return AccumulationTrainer(model, sample_classification_loss, optimizer,
-                               accumulation_steps=4, scheduler=scheduler, max_grad_norm=1.0,
-                               progress=False)
+# 96 notes of 32 tokens, micro-batch 4, k = 2: 12 windows per epoch, 2 epochs, float64, dropout
+# 0.1 (the generators matter mid-epoch too)
+JOB = ["--train-samples", "96", "--validation-samples", "30", "--max-length", "32",
+       "--micro-batch-size", "4", "--accumulation-steps", "2", "--epochs", "2", "--dtype",
+       "float64", "--warmup-steps", "2", "--lr", "5e-4", "--no-progress"]
 
 
-def _equal(a, b):
-    return all(torch.equal(x, y) for x, y in zip(a.model.parameters(), b.model.parameters(),
-                                                 strict=True))
+class _Killed(Exception):
+    """The process 'dies' here: nothing after this window runs, the files stay as they are."""
 
 
-def _run(make_loader, tmp_path, *, before_resume=lambda loader: None):
-    """(uninterrupted, resumed) trainers after 2 epochs; the resumed one is killed after 3
-    windows of epoch 0 and restarted as a fresh process would be (other global RNG state)."""
-    torch.manual_seed(7)
-    uninterrupted = _trainer()
-    loader = make_loader()
-    for epoch in range(2):
-        if hasattr(loader.sampler, "set_epoch"):
-            loader.sampler.set_epoch(epoch)
-        uninterrupted.train_epoch(loader)
+def _killed_after(windows: int, directory: Path) -> Path:
+    """Run the job with a checkpoint every 3 windows and stop it dead in window ``windows`` +
+    1, as a SIGKILL would; return its folder."""
+    calls, real = itertools.count(1), train.accumulate_window
 
-    torch.manual_seed(7)
-    killed = _trainer()
-    loader = make_loader()
-    if hasattr(loader.sampler, "set_epoch"):
-        loader.sampler.set_epoch(0)
-    Resumable(killed).train_epoch(loader, max_windows=3, checkpoint_path=tmp_path / "c.pt",
-                                  checkpoint_every=3)
-    torch.manual_seed(12345)  # the new process's generator is anywhere
-    resumed = _trainer()
-    resumable = Resumable(resumed)
-    resumable.load_checkpoint(tmp_path / "c.pt")
-    loader = make_loader()
-    before_resume(loader)
-    for epoch in range(resumed.epoch, 2):
-        if hasattr(loader.sampler, "set_epoch") and epoch > 0:
-            loader.sampler.set_epoch(epoch)
-        resumable.train_epoch(loader)
-    return uninterrupted, resumed
+    def dying(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        if next(calls) > windows:
+            raise _Killed
+        return real(*args, **kwargs)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train, "accumulate_window", dying)
+        with pytest.raises(_Killed):
+            train.main([*JOB, "--checkpoint-dir", str(directory), "--checkpoint-every", "3"])
+    return directory
 
 
-def test_resume_with_a_shuffling_dataloader_is_exact(tmp_path):
-    uninterrupted, resumed = _run(lambda: DataLoader(DATASET, batch_size=4, shuffle=True),
-                                  tmp_path)
-    assert _equal(uninterrupted, resumed)
-    assert resumed.history == uninterrupted.history
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("straight")
+    assert train.main([*JOB, "--checkpoint-dir", str(directory), "--json",
+                       str(directory / "log.json")]) == 0
+    return directory
 
 
-def test_resume_with_a_seeded_loader_generator_is_exact(tmp_path):
-    def make_loader():
-        return DataLoader(DATASET, batch_size=4, shuffle=True,
-                          generator=torch.Generator().manual_seed(3))
-    uninterrupted, resumed = _run(make_loader, tmp_path)
-    assert _equal(uninterrupted, resumed)
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory):
+    """A run killed in window 5 of epoch 0: its checkpoint holds 3 windows."""
+    return _killed_after(5, tmp_path_factory.mktemp("killed"))
 
 
-def _distributed_loader():
-    sampler = DistributedSampler(DATASET, num_replicas=1, rank=0, shuffle=True, seed=5)
-    sampler.set_epoch(0)
-    return DataLoader(DATASET, batch_size=4, sampler=sampler)
+def _final(directory: Path) -> dict:
+    return torch.load(directory / "final.pt", weights_only=True)
 
 
-def test_resume_with_a_distributed_sampler_is_exact(tmp_path):
-    uninterrupted, resumed = _run(_distributed_loader, tmp_path)
-    assert _equal(uninterrupted, resumed)
+def test_a_run_killed_mid_epoch_resumes_bit_for_bit(straight, killed, tmp_path):
+    shutil.copytree(killed, tmp_path, dirs_exist_ok=True)
+    torch.manual_seed(12345)  # a new process's generator is anywhere
+    assert train.main([*JOB, "--checkpoint-dir", str(tmp_path), "--resume", "--json",
+                       str(tmp_path / "log.json")]) == 0
+    log, reference = (json.loads((d / "log.json").read_text()) for d in (tmp_path, straight))
+    assert log["resumed_from"] == {"epoch": 0, "window": 3, "optimizer_steps": 3}
+    assert log["steps"] == reference["steps"] and log["epochs"] == reference["epochs"]
+    final, expected = _final(tmp_path), _final(straight)
+    assert final.keys() == expected.keys()
+    assert all(torch.equal(final[key], expected[key]) for key in final)
 
 
-def test_resume_with_a_sampler_at_the_wrong_epoch_is_refused(tmp_path):
-    with pytest.raises(ValueError, match=r"sampler is at epoch 1 .* call sampler.set_epoch\(0\)"):
-        _run(_distributed_loader, tmp_path,
-             before_resume=lambda loader: loader.sampler.set_epoch(1))
+def _resume_crafted(killed: Path, tmp_path: Path, change, flags=()):  # noqa: ANN001
+    """Resume a built job from the killed run's checkpoint with ``change(state)`` applied (its
+    hash valid); return the refusal and whether the job was left as it was built."""
+    shutil.copytree(killed, tmp_path, dirs_exist_ok=True)
+    state = read_checkpoint(tmp_path / "checkpoint.pt")
+    change(state)
+    write_checkpoint(state, tmp_path / "checkpoint.pt")
+    arguments = train.parse_arguments([*JOB, *flags, "--checkpoint-dir", str(tmp_path),
+                                       "--resume"])
+    job, _ = train._build(arguments, init_distributed())
+    before = ([p.detach().clone() for p in job.base.parameters()], torch.get_rng_state())
+    with pytest.raises(CheckpointError) as info:
+        train._resume(job)
+    untouched = (all(torch.equal(a, b) for a, b in zip(before[0], job.base.parameters(),
+                                                       strict=True))
+                 and torch.equal(before[1], torch.get_rng_state()) and not job.optimizer.state
+                 and job.scheduler.last_epoch == 0 and not job.history
+                 and (job.epoch, job.windows_done, job.optimizer_steps) == (0, 0, 0))
+    return str(info.value), untouched
 
 
-def test_resume_on_other_samples_is_refused_not_trained(tmp_path):
-    torch.manual_seed(7)
-    killed = _trainer()
-    Resumable(killed).train_epoch(DataLoader(DATASET, batch_size=4, shuffle=False),
-                                  max_windows=3, checkpoint_path=tmp_path / "c.pt",
-                                  checkpoint_every=3)
-    resumed = _trainer()
-    resumable = Resumable(resumed)
-    resumable.load_checkpoint(tmp_path / "c.pt")
-    before = [p.detach().clone() for p in resumed.model.parameters()]
-    reversed_data = TensorDataset(*(t.flip(0) for t in DATASET.tensors))
-    with pytest.raises(ValueError, match="do not replay the interrupted run: window 2 differs"):
-        resumable.train_epoch(DataLoader(reversed_data, batch_size=4, shuffle=False))
-    assert all(torch.equal(a, b) for a, b in zip(before, resumed.model.parameters(),
-                                                 strict=True))
+def _set(key, value):  # noqa: ANN001, ANN202
+    return lambda state: state.update({key: value})
 
 
-def test_resume_with_fewer_windows_than_trained_is_refused(tmp_path):
-    killed = _trainer()
-    Resumable(killed).train_epoch(DataLoader(DATASET, batch_size=4), max_windows=6,
-                                  checkpoint_path=tmp_path / "c.pt", checkpoint_every=6)
-    resumable = Resumable(_trainer())
-    resumable.load_checkpoint(tmp_path / "c.pt")
-    short = TensorDataset(*(t[:40] for t in DATASET.tensors))
-    with pytest.raises(ValueError, match="hold 3 windows but the checkpoint had already"):
-        resumable.train_epoch(DataLoader(short, batch_size=4))
+@pytest.mark.parametrize(("change", "message", "flags"), [
+    # values against the run (issue 36): each loaded and then failed or misled before
+    (_set("windows_done", 1000), r"windows_done: 1000, but an epoch of this run has 12 windows",
+     ()),
+    (_set("window_fingerprint", "0" * 64), r"window_fingerprint: '00000.*the data differ", ()),
+    (_set("epoch", 7), r"history: 3 windows, but epoch 7 and windows_done 3 say 87", ()),
+    (_set("optimizer_steps", 999), r"optimizer_steps: 999, but the checkpoint trained 3 windows "
+                                   r"\(epoch 0, window 3\) and its schedule took 3 steps", ()),
+    (lambda state: state["history"].pop(), r"history: 2 windows, but .* say 3", ()),
+    (_set("run", {}), r"--lr: checkpoint None, this run 0\.0005", ()),
+    (_set("format", 3), r"format 3; this version reads format 4", ()),
+    # types, dtypes and shapes against the live state_dicts
+    (_set("scheduler", {"bogus": 1}), r"scheduler: keys \[.*'last_epoch'.*\] missing, "
+                                      r"\['bogus'\] unknown", ()),
+    (lambda state: state["model"].update({key: value.float() for key, value in
+                                          state["model"].items() if value.is_floating_point()}),
+     r"model\['.*'\]: dtype torch\.float32, this run's torch\.float64", ()),
+    (lambda state: state["optimizer"]["state"][1].update(
+        exp_avg=state["optimizer"]["state"][1]["exp_avg"].float()),
+     r"optimizer: exp_avg of parameter 1 has dtype torch\.float32, the parameter torch\.float64",
+     ()),
+    (lambda state: state["optimizer"]["state"][0].update(exp_avg=torch.zeros(99)),
+     r"optimizer: exp_avg of parameter 0 has shape \(99,\), the parameter \(\d+, \d+\)", ()),
+    (lambda state: state["optimizer"]["param_groups"][0].update(betas="fast"),
+     r"optimizer\['param_groups'\]\[0\]\['betas'\]: a str, this run's a tuple", ()),
+    (lambda state: state["scheduler"].update(last_epoch="2"),
+     r"scheduler\['last_epoch'\]: a str, this run's an int", ()),
+    (lambda state: state["ranks"][0].update(cpu_rng_state=torch.zeros(10, dtype=torch.uint8)),
+     r"ranks\[0\]\['cpu_rng_state'\]: shape \(10,\), this run's \(\d+,\)", ()),
+    (_set("ranks", []), r"ranks: 0 entries, this run's 1", ()),
+], ids=["windows-done-1000", "fingerprint-zeroed", "epoch-7", "optimizer-steps-999",
+        "history-short", "run-flags-gone", "old-format", "scheduler-bogus",
+        "model-float32-for-float64", "optimizer-float32-state", "optimizer-state-shape",
+        "optimizer-betas-str", "scheduler-last-epoch-str", "rank-generator-state-short",
+        "ranks-missing"])
+def test_a_crafted_checkpoint_is_refused_with_one_error_before_anything_is_restored(
+        killed, tmp_path, change, message, flags):
+    error, untouched = _resume_crafted(killed, tmp_path, change, flags)
+    assert re.search(message, error), error
+    assert error.startswith(f"--resume: checkpoint {tmp_path / 'checkpoint.pt'} does not fit "
+                            "this run; nothing was restored: ") and "\n" not in error
+    assert untouched
 
+
+def test_an_epoch_1_checkpoint_resumed_with_epochs_1_is_refused_naming_the_flag(tmp_path,
+                                                                                capsys):
+    directory = _killed_after(12 + 5, tmp_path)  # 3 windows into epoch 1
+    before = (directory / "checkpoint.pt").read_bytes()
+    assert train.main([*JOB, "--epochs", "1", "--checkpoint-dir", str(directory),
+                       "--resume"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --resume: checkpoint {directory / 'checkpoint.pt'} does not fit this run; "
+        "nothing was restored: --epochs 1: the checkpoint has trained past it (epoch 1, 3 of "
+        "its 12 windows done); resume with --epochs 2 or more\n")
+    assert not (directory / "final.pt").exists()  # no partial model passed off as the result
+    assert (directory / "checkpoint.pt").read_bytes() == before
+
+
+def test_state_problems_name_each_field_of_another_kind():
+    live = {"w": torch.zeros(2), "lrs": [0.1, 0.2], "step": 3, "flag": False, "none": None}
+    assert train._state_problems(dict(live), live, "part") == []
+    assert train._state_problems({**live, "step": 3.0}, live, "part") == []  # numbers are numbers
+    saved = {"w": torch.zeros(2, dtype=torch.float64), "lrs": [0.1], "step": "3", "flag": 1,
+             "none": None}
+    assert train._state_problems(saved, live, "part") == [
+        "part['w']: dtype torch.float64, this run's torch.float32",
+        "part['lrs']: 1 entries, this run's 2",
+        "part['step']: a str, this run's an int",
+        "part['flag']: an int, this run's a bool"]
+    assert train._state_problems({"w": torch.zeros(3)}, {"w": torch.zeros(2)}, "m") == [
+        "m['w']: shape (3,), this run's (2,)"]
+    assert train._state_problems(5, {}, "scheduler") == ["scheduler: an int, this run's a dict"]
+
+
+# The files: atomic, hashed, their temporaries swept. -------------------------------------------
 
 @pytest.fixture
 def checkpoint(tmp_path):
-    trainer = _trainer()
-    trainer.train_epoch(DataLoader(DATASET, batch_size=4), max_windows=2)
-    path = tmp_path / "c.pt"
-    Resumable(trainer).save_checkpoint(path)
-    return path
+    return write_checkpoint({"a": torch.arange(300), "b": [1.5, "x"]}, tmp_path / "c.pt")
 
 
 def test_a_flipped_bit_in_the_tensor_data_is_refused_naming_the_path(checkpoint):
@@ -145,7 +193,7 @@ def test_a_flipped_bit_in_the_tensor_data_is_refused_naming_the_path(checkpoint)
     data[len(data) // 2] ^= 0x01
     checkpoint.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=f"checkpoint {checkpoint} is corrupted"):
-        Resumable(_trainer()).load_checkpoint(checkpoint)
+        read_checkpoint(checkpoint)
 
 
 @pytest.mark.parametrize(("damage", "message"), [
@@ -156,36 +204,12 @@ def test_a_flipped_bit_in_the_tensor_data_is_refused_naming_the_path(checkpoint)
 def test_unreadable_checkpoints_are_refused_naming_the_path(checkpoint, damage, message):
     checkpoint.write_bytes(damage(checkpoint.read_bytes()))
     with pytest.raises(CheckpointError, match=f"{checkpoint} {message}"):
-        Resumable(_trainer()).load_checkpoint(checkpoint)
+        read_checkpoint(checkpoint)
 
 
 def test_a_missing_checkpoint_names_its_path(tmp_path):
     with pytest.raises(CheckpointError, match=f"checkpoint {tmp_path / 'none.pt'} does not"):
-        Resumable(_trainer()).load_checkpoint(tmp_path / "none.pt")
-
-
-def test_a_checkpoint_of_another_optimizer_is_refused_before_anything_is_restored(checkpoint):
-    model = make_mlp(8, 16, 3, dropout=0.3, seed=1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    trainer = AccumulationTrainer(
-        model, sample_classification_loss, optimizer, accumulation_steps=4, progress=False,
-        scheduler=torch.optim.lr_scheduler.StepLR(optimizer, step_size=3))
-    before = [p.detach().clone() for p in model.parameters()]
-    with pytest.raises(CheckpointError, match="optimizer_kind: checkpoint 'AdamW', trainer 'SGD'"):
-        Resumable(trainer).load_checkpoint(checkpoint)
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
-    assert trainer.optimizer_steps == 0 and not optimizer.state
-
-
-def test_a_checkpoint_of_another_model_or_k_names_the_mismatch(checkpoint):
-    wider = make_mlp(8, 32, 3, seed=0)
-    trainer = AccumulationTrainer(wider, sample_classification_loss,
-                                  torch.optim.AdamW(wider.parameters()), accumulation_steps=2,
-                                  progress=False)
-    with pytest.raises(CheckpointError) as info:
-        Resumable(trainer).load_checkpoint(checkpoint)
-    assert "accumulation_steps: checkpoint 4, trainer 2" in str(info.value)
-    assert "model: another architecture" in str(info.value)
+        read_checkpoint(tmp_path / "none.pt")
 
 
 def test_writes_are_atomic_and_clean_stale_temporaries(tmp_path):
@@ -195,129 +219,26 @@ def test_writes_are_atomic_and_clean_stale_temporaries(tmp_path):
     write_checkpoint({"a": torch.arange(3)}, target)
     assert not stale.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["c.pt"]
     assert torch.equal(read_checkpoint(target)["a"], torch.arange(3))
-    with pytest.raises(CheckpointError, match="is a directory"):
+    with pytest.raises(CheckpointError, match="is a folder, not a file"):
         write_checkpoint({}, tmp_path)
     with pytest.raises(CheckpointError, match="does not exist"):
         write_checkpoint({}, tmp_path / "missing" / "c.pt")
 
 
-def test_resume_removes_temporaries_whose_writer_is_gone(checkpoint):
+def test_only_temporaries_whose_writer_is_gone_are_removed(checkpoint):
     dead, alive = 2**22 + 12345, os.getpid()  # above Linux's default pid_max: no such process
     stale = checkpoint.parent / f".{checkpoint.name}.tmp-{dead}"
     live = checkpoint.parent / f".{checkpoint.name}.tmp-{alive}"
     for temporary in (stale, live):
         temporary.write_bytes(b"x" * 1000)
     assert remove_stale_temporaries(checkpoint) == [stale]
-    stale.write_bytes(b"x")
-    Resumable(_trainer()).load_checkpoint(checkpoint)  # a resume clears them too
     assert not stale.exists() and live.exists()  # a live writer's file is kept
 
 
-def test_optimizer_state_of_other_shapes_is_refused_before_anything_is_restored(checkpoint,
-                                                                                  tmp_path):
-    state = read_checkpoint(checkpoint)
-    state["optimizer"]["state"][0]["exp_avg"] = torch.zeros(99)
-    damaged = write_checkpoint(state, tmp_path / "damaged.pt")
-    trainer = _trainer()
-    before = [p.detach().clone() for p in trainer.model.parameters()]
-    with pytest.raises(CheckpointError, match=r"damaged\.pt: .*optimizer: exp_avg of parameter "
-                                              r"0 has shape \(99,\), the parameter \(16, 8\)"):
-        Resumable(trainer).load_checkpoint(damaged)
-    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(),
-                                                 strict=True))
-    assert optimizer_state_problems(read_checkpoint(checkpoint)["optimizer"],
-                                    trainer.optimizer) == []
-
-
 def test_a_payload_that_is_not_a_torch_save_names_the_path_and_what_was_expected(tmp_path):
-    import hashlib
-
-    from gradaccum_lib.jobs.checkpoints import _MAGIC
-
     payload = b"not a pickle at all"
     path = tmp_path / "foreign.pt"
     path.write_bytes(_MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
     with pytest.raises(CheckpointError, match=r"foreign\.pt cannot be unpickled \(expected a "
                                               r"dict of tensors and plain data"):
         read_checkpoint(path)
-
-
-def _load_crafted(checkpoint, tmp_path, change):
-    """Load the checkpoint with ``change(state)`` applied (hash valid) into a fresh trainer;
-    return the raised CheckpointError and whether the trainer was left as it was."""
-    state = read_checkpoint(checkpoint)
-    change(state)
-    crafted = write_checkpoint(state, tmp_path / "crafted.pt")
-    trainer = _trainer()
-    before = ([p.detach().clone() for p in trainer.model.parameters()],
-              trainer.scheduler.state_dict())
-    with pytest.raises(CheckpointError) as info:
-        Resumable(trainer).load_checkpoint(crafted)
-    untouched = (all(torch.equal(a, b) for a, b in zip(before[0], trainer.model.parameters(),
-                                                       strict=True))
-                 and not trainer.optimizer.state and trainer.optimizer_steps == 0
-                 and trainer.scheduler.state_dict() == before[1])
-    return str(info.value), untouched
-
-
-@pytest.mark.parametrize(("change", "message"), [
-    (lambda state: state.update(scheduler={"bogus": 1}),
-     r"scheduler: keys \[.*'last_epoch'.*\] missing, \['bogus'\] unknown"),
-    (lambda state: state["model"].update({"0.weight": state["model"]["0.weight"].float()}),
-     r"model\['0\.weight'\]: dtype torch\.float32, this run's torch\.float64"),
-    (lambda state: state["optimizer"]["state"][1].update(
-        exp_avg=state["optimizer"]["state"][1]["exp_avg"].float()),
-     r"optimizer: exp_avg of parameter 1 has dtype torch\.float32, the parameter torch\.float64"),
-    (lambda state: state["optimizer"]["param_groups"][0].update(betas="fast"),
-     r"optimizer\['param_groups'\]\[0\]\['betas'\]: a str, this run's a tuple"),
-    (lambda state: state["scheduler"].update(last_epoch="2"),
-     r"scheduler\['last_epoch'\]: a str, this run's an int"),
-    (lambda state: state["ranks"][0].update(sampler_epoch="0"),
-     r"ranks: rank 0's sampler_epoch is '0', not an int or None"),
-    (lambda state: state["ranks"][0].update(cpu_rng_state=torch.zeros(10, dtype=torch.uint8)),
-     r"ranks: rank 0's cpu_rng_state is not this torch's CPU generator state \(a uint8 tensor "
-     r"of \d+\)"),
-], ids=["scheduler-bogus", "model-float32-for-float64", "optimizer-float32-state",
-        "optimizer-betas-str", "scheduler-last-epoch-str", "rank-sampler-epoch-str",
-        "rank-generator-state-short"])
-def test_a_crafted_state_of_another_type_or_dtype_is_refused_before_anything_is_restored(
-        checkpoint, tmp_path, change, message):
-    error, untouched = _load_crafted(checkpoint, tmp_path, change)
-    assert re.search(message, error), error
-    assert "nothing was restored" in error and untouched
-
-
-def test_state_problems_name_each_field_of_another_kind():
-    live = {"w": torch.zeros(2), "lrs": [0.1, 0.2], "step": 3, "flag": False, "none": None}
-    assert state_problems(dict(live), live, "part") == []
-    assert state_problems({**live, "step": 3.0}, live, "part") == []  # numbers are numbers
-    saved = {"w": torch.zeros(2, dtype=torch.float64), "lrs": [0.1], "step": "3", "flag": 1,
-             "none": None}
-    assert state_problems(saved, live, "part") == [
-        "part['w']: dtype torch.float64, this run's torch.float32",
-        "part['lrs']: 1 entries, this run's 2",
-        "part['step']: a str, this run's an int",
-        "part['flag']: an int, this run's a bool"]
-    assert state_problems({"w": torch.zeros(3)}, {"w": torch.zeros(2)}, "m") == [
-        "m['w']: shape (3,), this run's (2,)"]
-    assert state_problems(5, {}, "scheduler") == ["scheduler: an int, this run's a dict"]
-
-
-def test_a_restore_that_fails_after_the_checks_rolls_everything_back(checkpoint, monkeypatch):
-    trainer = _trainer()
-    before = [p.detach().clone() for p in trainer.model.parameters()]
-    scheduler_kind, loaded = type(trainer.scheduler), type(trainer.scheduler).load_state_dict
-    calls = []
-
-    def refuse_once(scheduler, state):  # after the model and optimizer are restored
-        calls.append(state)
-        if len(calls) == 1:
-            raise RuntimeError("the scheduler refuses")
-        loaded(scheduler, state)  # the roll-back's own restore
-    monkeypatch.setattr(scheduler_kind, "load_state_dict", refuse_once)
-    with pytest.raises(CheckpointError, match=r"could not be restored \(the scheduler refuses\);"
-                                              r" the trainer was rolled back"):
-        Resumable(trainer).load_checkpoint(checkpoint)
-    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(),
-                                                 strict=True))
-    assert not trainer.optimizer.state and trainer.optimizer_steps == 0 and len(calls) == 2

@@ -208,13 +208,13 @@ def test_a_checkpoint_of_another_k_or_world_size_is_refused_by_name(one_epoch, t
     other_k = [arg if arg != "2" else "4" for arg in JOB]  # --accumulation-steps 4
     refused = _single([*other_k, "--checkpoint-dir", str(tmp_path), "--resume"])
     assert refused.returncode != 0
-    assert "accumulation_steps: checkpoint 2, trainer 4" in refused.stderr
+    assert "--accumulation-steps: checkpoint 2, this run 4" in refused.stderr
     assert str(tmp_path / "checkpoint.pt") in refused.stderr
     process = _torchrun(["--standalone", "--nproc_per_node=2"],
                         [*JOB, "--checkpoint-dir", str(tmp_path), "--resume"])
     started.append(process)
     code, _, err = _finish(process)
-    assert code != 0 and "world_size: checkpoint 1, trainer 2" in err
+    assert code != 0 and "world size: checkpoint 1, this run 2" in err
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -275,6 +275,8 @@ def test_a_resume_with_another_micro_batch_size_is_refused_at_an_epoch_boundary(
     (["--micro-batch-size", "5000"],
      "--micro-batch-size 5000 is more than a rank's 48 samples per epoch (48 samples / 1 rank)"),
     (["--train-samples", "10000000"], "--train-samples 10000000 is more than the train split's"),
+    (["--validation-samples", "10000000"],
+     "--validation-samples 10000000 is more than the validation split's"),
 ])
 def test_sizes_that_cannot_be_meant_are_refused_before_anything_is_built(flags, message,
                                                                           tmp_path, capsys):
@@ -307,11 +309,68 @@ def test_resume_without_a_checkpoint_says_so_and_starts_from_step_0(tmp_path, ca
     assert (tmp_path / "checkpoint.pt").is_file()
 
 
-def test_a_checkpoint_dir_that_is_a_file_is_refused_by_argparse(tmp_path, capsys):
+@pytest.fixture
+def read_only(tmp_path):
+    """A folder the job may not write in: chmod 555 (root ignores it: then /proc/sys, which
+    even root cannot create files in, or a skip)."""
+    if os.geteuid() != 0:
+        folder = tmp_path / "read-only"
+        folder.mkdir(mode=0o555)
+        yield folder
+        folder.chmod(0o755)
+    elif not os.access("/proc/sys", os.W_OK):
+        yield Path("/proc/sys")
+    else:
+        pytest.skip("root ignores chmod and /proc/sys is writable here: no read-only folder")
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (lambda d: ["--checkpoint-dir", f"{d}/file/sub"],
+     "--checkpoint-dir {d}/file/sub: {d}/file is a file, not a folder"),
+    (lambda d: ["--checkpoint-dir", f"{d}/file"],
+     "--checkpoint-dir {d}/file: {d}/file is a file, not a folder"),
+    (lambda d: ["--json", f"{d}/file/log.json"],
+     "--json {d}/file/log.json: {d}/file is a file, not a folder"),
+    (lambda d: ["--json", f"{d}/folder"],
+     "--json {d}/folder: {d}/folder is a folder; the job writes a file there"),
+    (lambda d: ["--checkpoint-dir", f"{d}/run-with-a-folder"],
+     "--checkpoint-dir {d}/run-with-a-folder: {d}/run-with-a-folder/final.pt is a folder; the "
+     "job writes a file there"),
+])
+def test_a_path_the_job_cannot_write_is_refused_naming_the_flag_before_it_trains(
+        flags, message, tmp_path, capsys):
     (tmp_path / "file").write_text("mine")
-    with pytest.raises(SystemExit):
-        parse_arguments(["--checkpoint-dir", str(tmp_path / "file")])
-    assert "is a file, not a folder" in capsys.readouterr().err
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "run-with-a-folder" / "final.pt").mkdir(parents=True)
+    before = sorted(tmp_path.rglob("*"))
+    assert train_main([*JOB[2:], *flags(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert err == f"error: {message.format(d=tmp_path)}\n"  # one line, no traceback
+    assert "effective batch" not in out and sorted(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("flag", ["--checkpoint-dir", "--json"])
+def test_a_read_only_folder_is_refused_naming_the_flag_before_it_trains(flag, read_only,
+                                                                         capsys):
+    target = read_only / ("run" if flag == "--checkpoint-dir" else "log.json")
+    assert train_main([*JOB[2:], flag, str(target)]) == 2
+    assert capsys.readouterr().err == (f"error: {flag} {target}: the job may not write in "
+                                       f"{read_only} (permission denied)\n")
+    assert not target.exists()
+
+
+def test_a_corrupt_epochs_log_beside_a_valid_checkpoint_is_refused_naming_the_flag(
+        one_epoch, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GRADACCUM_PROFILE", "ci")  # the checkpoint's
+    _copy_of(one_epoch, tmp_path)
+    (tmp_path / "epochs.json").write_text('[{"epoch": 0, "accur')  # torn by hand, say
+    before = [(tmp_path / name).read_bytes() for name in ("checkpoint.pt", "final.pt")]
+    assert train_main([*JOB[2:], "--checkpoint-dir", str(tmp_path), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --checkpoint-dir {tmp_path}: epochs.json is not the job's "
+                          "validation log (") and err.count("\n") == 1, err
+    assert err.endswith("move it away to resume without those records\n")
+    assert [(tmp_path / name).read_bytes() for name in ("checkpoint.pt", "final.pt")] == before
 
 
 def _documented_command(marker: str) -> tuple[dict[str, str], list[str]]:

@@ -7,11 +7,8 @@ target and ``fsync``s the directory, so a crash at any moment leaves either the 
 the new one, never a torn file; :func:`remove_stale_temporaries` clears the temporaries a
 killed writer left (exactly that name pattern, a pid that is no running process).
 :func:`read_checkpoint` checks the header and the content hash (a single flipped bit is
-refused) before unpickling with ``weights_only=True``. Checks of what a checkpoint holds, made
-before anything is restored: :func:`state_problems` (a saved state against the live one's
-``state_dict()``: types, tensor dtypes and shapes, keys), :func:`optimizer_state_problems`
-(the optimizer state against the parameters) and :func:`window_fingerprint` (the last window
-trained, for replay).
+refused) before unpickling with ``weights_only=True``. What a checkpoint holds is the job's
+to check (``jobs.train``): this module knows files, not states.
 """
 
 from __future__ import annotations
@@ -20,24 +17,14 @@ import glob
 import hashlib
 import io
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..batches import Batch, _tensors_of
-
-__all__ = [
-    "CheckpointError",
-    "optimizer_state_problems",
-    "read_checkpoint",
-    "remove_stale_temporaries",
-    "state_problems",
-    "window_fingerprint",
-    "write_atomically",
-    "write_checkpoint",
-]
+__all__ = ["CheckpointError", "read_checkpoint", "remove_stale_temporaries", "write_atomically",
+           "write_checkpoint"]
 
 _MAGIC = b"gradaccum-checkpoint v1 sha256="
 _HEX_DIGITS = 64
@@ -82,9 +69,9 @@ def write_atomically(path: str | os.PathLike, *chunks: bytes) -> Path:
     when it cannot."""
     target = Path(path)
     if target.is_dir():
-        raise CheckpointError(f"checkpoint path {target} is a directory; give a file path")
+        raise CheckpointError(f"{target} is a folder, not a file")
     if not target.parent.is_dir():
-        raise CheckpointError(f"checkpoint directory {target.parent} does not exist")
+        raise CheckpointError(f"{target}: its folder {target.parent} does not exist")
     remove_stale_temporaries(target)
     temporary = target.parent / f".{target.name}.tmp-{os.getpid()}"
     try:
@@ -138,7 +125,7 @@ def read_checkpoint(path: str | os.PathLike,
     if not data.startswith(_MAGIC) or data[header_end:header_end + 1] != b"\n":
         raise CheckpointError(
             f"checkpoint {source} is not a gradaccum checkpoint (no "
-            f"'{_MAGIC.decode()}...' header); write it with jobs.resume.Resumable.save_checkpoint"
+            f"'{_MAGIC.decode()}...' header); write it with write_checkpoint"
         )
     expected = data[len(_MAGIC):header_end].decode("ascii", errors="replace")
     payload = data[header_end + 1:]
@@ -156,91 +143,3 @@ def read_checkpoint(path: str | os.PathLike,
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {source} holds a {type(state).__name__}, not a dict")
     return state
-
-
-def _kind(value: object) -> str:
-    if value is None:
-        return "None"
-    name = type(value).__name__
-    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
-
-
-def state_problems(saved: object, live: object, field: str) -> list[str]:
-    """Return where ``saved`` is not of the kind of ``live`` (a ``state_dict()`` of this run),
-    each naming its field: another type (ints and floats are both numbers), a tensor of another
-    dtype or shape, other keys, another length; empty when it fits."""
-    if isinstance(live, torch.Tensor):
-        if not isinstance(saved, torch.Tensor):
-            return [f"{field}: {_kind(saved)}, this run's a tensor"]
-        if saved.dtype != live.dtype:
-            return [f"{field}: dtype {saved.dtype}, this run's {live.dtype}"]
-        if saved.shape != live.shape:
-            return [f"{field}: shape {tuple(saved.shape)}, this run's {tuple(live.shape)}"]
-        return []
-    numbers = (int, float)
-    if (isinstance(live, numbers) and isinstance(saved, numbers)
-            and isinstance(live, bool) == isinstance(saved, bool)):
-        return []
-    if isinstance(live, Mapping):  # a dict or an OrderedDict
-        if not isinstance(saved, Mapping):
-            return [f"{field}: {_kind(saved)}, this run's a dict"]
-        if saved.keys() != live.keys():
-            return [f"{field}: keys {sorted(map(str, live.keys() - saved.keys()))} missing, "
-                    f"{sorted(map(str, saved.keys() - live.keys()))} unknown"]
-        return [problem for key in live for problem in state_problems(
-            saved[key], live[key], f"{field}[{key!r}]")]
-    if type(saved) is not type(live):
-        return [f"{field}: {_kind(saved)}, this run's {_kind(live)}"]
-    if isinstance(live, (list, tuple)):
-        if len(saved) != len(live):
-            return [f"{field}: {len(saved)} entries, this run's {len(live)}"]
-        return [problem for index, (mine, theirs) in enumerate(zip(saved, live, strict=True))
-                for problem in state_problems(mine, theirs, f"{field}[{index}]")]
-    return []
-
-
-def optimizer_state_problems(saved: Mapping[str, Any], optimizer: torch.optim.Optimizer,
-                             ) -> list[str]:
-    """Return what keeps an optimizer ``state_dict`` from fitting ``optimizer``: other groups
-    (parameters or settings, :func:`state_problems`), or a per-parameter state value that is
-    no number or tensor, or a tensor (``exp_avg``...) of another shape or dtype than its
-    parameter (``load_state_dict`` would cast it); empty when it fits."""
-    problems = state_problems(saved.get("param_groups"), optimizer.state_dict()["param_groups"],
-                              "optimizer['param_groups']")
-    if not isinstance(saved.get("state"), Mapping):
-        problems.append(f"optimizer['state']: {_kind(saved.get('state'))}, this run's a dict")
-    if problems:
-        return problems
-    parameters = {index: parameter for saved_group, group in zip(
-        saved["param_groups"], optimizer.param_groups, strict=True) for index, parameter in zip(
-        saved_group["params"], group["params"], strict=True)}
-    for index, entry in saved["state"].items():
-        parameter = parameters.get(index)
-        if parameter is None or not isinstance(entry, Mapping):
-            problems.append(f"optimizer: the state of parameter {index!r} is no parameter's "
-                            "dict of tensors")
-            continue
-        for key, value in entry.items():
-            if not isinstance(value, (torch.Tensor, int, float)) or isinstance(value, bool):
-                problems.append(f"optimizer: {key} of parameter {index} is {_kind(value)}, "
-                                "not a tensor or a number")
-            elif not isinstance(value, torch.Tensor) or value.dim() == 0:
-                continue  # a step count
-            elif value.shape != parameter.shape:
-                problems.append(f"optimizer: {key} of parameter {index} has shape "
-                                f"{tuple(value.shape)}, the parameter {tuple(parameter.shape)}")
-            elif value.dtype != parameter.dtype:
-                problems.append(f"optimizer: {key} of parameter {index} has dtype "
-                                f"{value.dtype}, the parameter {parameter.dtype}")
-    return problems
-
-
-def window_fingerprint(window: Sequence[Batch]) -> str:
-    """Return the SHA-256 of every tensor (dtype, shape, bytes) of a window's micro-batches."""
-    digest = hashlib.sha256()
-    for micro_batch in window:
-        for label, tensor in _tensors_of(micro_batch):
-            flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-            digest.update(f"{label}:{flat.dtype}:{tuple(tensor.shape)};".encode())
-            digest.update(flat.view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()

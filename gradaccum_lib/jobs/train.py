@@ -5,41 +5,52 @@
     torchrun --standalone --nproc_per_node=2 --max-restarts=1 -m gradaccum_lib.jobs.train ...
 
 The same command runs as one process or under ``torchrun`` (gloo on CPU, nccl on CUDA), on
-one node or several. Every rank trains its ``DistributedSampler`` shard of the shipped EMR
-corpus (``set_epoch`` each epoch) with :class:`AccumulationTrainer`; rank 0 shows a progress
-bar, writes atomic checkpoints every ``--checkpoint-every`` windows and at each epoch's end,
-evaluates the whole validation split after each epoch (gathered across ranks, no sample
-counted twice), writes ``final.pt`` (the model's ``state_dict``) and the JSON log, and prints
-the path of every file it wrote. Its command line comes first below (the flags, the sizes
-checked against the data before anything is built, the flags that define a run). With
-``--resume`` a (re)started job continues from the latest checkpoint in ``--checkpoint-dir``:
-after torchrun restarts a lost worker's group, the run ends bit-for-bit where an uninterrupted
-one would. Every start first removes the temporaries a killed run left beside the job's files;
-a resume whose checkpoint holds an epoch's end model but not its validation record evaluates
-that epoch again, and a record that cannot be recovered is named, never dropped in silence.
+one node or several. The job owns its epochs, the way a torchtune recipe does: each epoch,
+every rank takes its ``DistributedSampler`` shard of the shipped EMR corpus, cuts it into
+micro-batches and windows (``windows_of``) and calls the series' one loop,
+:func:`~gradaccum_lib.accumulation.accumulate_window`, once per window. Rank 0 shows a progress
+bar, keeps the per-window history, writes atomic checkpoints every ``--checkpoint-every``
+windows and at each epoch's end, evaluates the whole validation split after each epoch
+(gathered across ranks, no sample counted twice), writes ``final.pt`` (the model's
+``state_dict``) and the JSON log, and prints the path of every file it wrote.
+
+Its command line is checked before anything is built or written: the flags, the sizes against
+the data, and every path the job will write. With ``--resume`` a (re)started job continues
+from the checkpoint in ``--checkpoint-dir``, after one check of everything it holds against
+this run (the flags that define the run, every part's types, dtypes and shapes, and its
+counters, history and last window against the run's epochs and data), made before anything
+is restored: after torchrun restarts a lost worker's group, the run ends bit-for-bit where an
+uninterrupted one would. Every start first removes the temporaries a killed run left beside
+the job's files; a resume whose checkpoint holds an epoch's end model but not its validation
+record evaluates that epoch again, and a record that cannot be recovered is named, never
+dropped in silence.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
+import itertools
 import json
 import math
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DistributedSampler
+from tqdm.auto import tqdm
 
-from ..accumulation import AccumulationTrainer
-from ..batches import split_into_micro_batches
+from ..accumulation import accumulate_window
+from ..batches import split_into_micro_batches, windows_of
 from ..distributed import DistributedContext, init_distributed, process_group_session
 from ..losses import bert_classification_loss
 from ..measure.comm import CommCounter
@@ -49,15 +60,20 @@ from ..workloads.data import encode_records, load_emr_split, load_tokenizer
 from ..workloads.emr_corpus import LABELS
 from ..workloads.models import make_tiny_bert
 from .agent import run_worker
-from .checkpoints import CheckpointError, remove_stale_temporaries, write_atomically
-from .resume import Resumable
+from .checkpoints import (
+    CheckpointError,
+    read_checkpoint,
+    remove_stale_temporaries,
+    write_atomically,
+    write_checkpoint,
+)
 
 __all__ = ["JobError", "build_model", "main", "parse_arguments"]
 
 
-# The command line: its flags, the checks of its sizes against the data (made before anything
-# is built or written), and the flags that define a run, which its checkpoints carry (a resume
-# with any of them changed is refused, naming the flag). ----------------------------------------
+# The command line: its flags, the checks of its sizes against the data and of the paths it
+# writes (made before anything is built or written), and the flags that define a run, which
+# its checkpoints carry (a resume with any of them changed is refused, naming the flag). --------
 
 _MODEL_SIZES = ("tiny", "base")
 _AMP = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -101,9 +117,6 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--max-length must be at least 3 ([CLS], a token, [SEP])")
     if (arguments.checkpoint_every or arguments.resume) and arguments.checkpoint_dir is None:
         parser.error("--checkpoint-every and --resume need --checkpoint-dir")
-    if arguments.checkpoint_dir is not None and arguments.checkpoint_dir.exists() and (
-            not arguments.checkpoint_dir.is_dir()):
-        parser.error(f"--checkpoint-dir {arguments.checkpoint_dir} is a file, not a folder")
     if arguments.amp == "fp16" and not torch.cuda.is_available():
         parser.error("--amp fp16 needs CUDA (GradScaler); use --amp bf16 on a CPU")
     return arguments
@@ -171,18 +184,23 @@ class JobError(ValueError):
 
 
 def _run_definition(arguments: argparse.Namespace, world_size: int) -> dict[str, object]:
-    """Return ``{"--flag": value}`` for the flags that define the run, and the world size."""
+    """Return ``{"--flag": value}`` for the flags that define the run, the world size and the
+    profile (it sizes the tiny model)."""
     return {**{"--" + name.replace("_", "-"): getattr(arguments, name) for name in _RUN_FLAGS},
-            "world size": world_size}
+            "world size": world_size, "GRADACCUM_PROFILE": get_profile().name}
 
 
-def _check_sizes(arguments: argparse.Namespace, corpus_size: int, world_size: int) -> str:
+def _check_sizes(arguments: argparse.Namespace, corpus_size: int, world_size: int,
+                 validation_size: int | None = None) -> str:
     """Refuse sizes that cannot be meant (:class:`JobError`, naming the numbers); return a note
     for the start line when the sampler repeats or drops samples to even the ranks out."""
+    for flag, asked, split, size in (("--train-samples", arguments.train_samples, "train",
+                                      corpus_size),
+                                     ("--validation-samples", arguments.validation_samples,
+                                      "validation", validation_size)):
+        if asked is not None and size is not None and asked > size:
+            raise JobError(f"{flag} {asked} is more than the {split} split's {size} notes")
     samples = arguments.train_samples or corpus_size
-    if samples > corpus_size:
-        raise JobError(f"--train-samples {samples} is more than the train split's "
-                       f"{corpus_size} notes")
     ranks = f"{world_size} rank{'s' if world_size > 1 else ''}"
     per_rank = samples // world_size if arguments.drop_last else math.ceil(samples / world_size)
     if arguments.micro_batch_size > per_rank:
@@ -204,42 +222,63 @@ def _check_sizes(arguments: argparse.Namespace, corpus_size: int, world_size: in
             f"{world_size - uneven} to even them out (--drop-last drops {uneven} instead)")
 
 
-# The job. ----------------------------------------------------------------------------------
-
 _CHECKPOINT, _EPOCHS_LOG, _FINAL = "checkpoint.pt", "epochs.json", "final.pt"
 
 
-class _EncodedNotes(Dataset):
-    """Encoded notes (``input_ids``, ``attention_mask``, ``labels``) as a map-style dataset."""
+def _check_paths(arguments: argparse.Namespace) -> None:
+    """Refuse (:class:`JobError`, naming the flag) a path the job could not write: a folder
+    where it writes a file or the reverse, a file on the way, a folder it may not write in."""
+    directory, log = arguments.checkpoint_dir, arguments.json
+    wanted = [] if directory is None else [("--checkpoint-dir", directory, directory, True)] + [
+        ("--checkpoint-dir", directory, directory / name, False)
+        for name in (_CHECKPOINT, _EPOCHS_LOG, _FINAL)]
+    for flag, given, path, folder in wanted + ([("--json", log, log, False)] if log else []):
+        if path.is_dir() != folder and path.exists():
+            kind = ("a file, not a folder" if folder else
+                    "a folder; the job writes a file there")
+            raise JobError(f"{flag} {given}: {path} is {kind}")
+        nearest = path if folder and path.is_dir() else path.parent
+        while not nearest.exists() and nearest != nearest.parent:
+            nearest = nearest.parent  # the folder the job would create the rest in
+        if not nearest.is_dir():
+            raise JobError(f"{flag} {given}: {nearest} is a file, not a folder")
+        if not os.access(nearest, os.W_OK | os.X_OK):
+            raise JobError(f"{flag} {given}: the job may not write in {nearest} (permission "
+                           "denied)")
 
-    def __init__(self, columns: dict[str, Tensor]) -> None:
-        self.columns = columns
 
-    def __len__(self) -> int:
-        return len(self.columns["labels"])
+# The job: its parts, its epochs, its one state_dict and the one check of a checkpoint. --------
 
-    def __getitem__(self, index: int) -> dict[str, Tensor]:
-        return {key: column[index] for key, column in self.columns.items()}
+_FORMAT = 4  # 4: the job's own state (issue 36); 3 was the engine's, around AccumulationTrainer
+_STATE_KEYS = ("run", "epoch", "windows_done", "optimizer_steps", "history", "window_fingerprint",
+               "model", "optimizer", "scheduler", "scaler", "ranks")
+_HISTORY_ROW = {"loss": 0.0, "lr": 0.0, "grad_norm": 0.0, "items": 0.0, "epoch": 0}
+_RECORD = {"epoch": 0, "validation_loss": 0.0, "accuracy": 0.0, "macro_f1": 0.0,
+           "validation_samples": 0}
 
 
 @dataclass
 class _Job:
-    """What the job's steps share: its flags, the process group, the data, the model (``base``
-    unwrapped, ``model`` as trained) and the trainer with its checkpoints."""
+    """The run: its flags, the process group, the data, the model (``base`` unwrapped,
+    ``model`` as trained), its optimizer, schedule and scaler, and where it stands."""
 
     arguments: argparse.Namespace
     ctx: DistributedContext
-    dataset: _EncodedNotes
+    columns: dict[str, Tensor]  # the encoded training notes
     validation: dict[str, Tensor]
     base: nn.Module
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler | None
     counter: CommCounter
-    sampler: DistributedSampler
     windows_per_epoch: int
-    resumable: Resumable
-
-    @property
-    def trainer(self) -> AccumulationTrainer:
-        return self.resumable.trainer
+    epoch: int = 0
+    windows_done: int = 0  # of this epoch
+    optimizer_steps: int = 0
+    history: list[dict] = field(default_factory=list)  # one row per window
+    records: list[dict] = field(default_factory=list)  # one validation record per epoch
+    lost: list[int] = field(default_factory=list)  # epochs whose record cannot be recovered
 
     @property
     def effective_batch(self) -> int:
@@ -274,15 +313,14 @@ def _warmup_then_linear(optimizer: torch.optim.Optimizer, warmup_steps: int,
 
 
 def _build(arguments: argparse.Namespace, ctx: DistributedContext) -> tuple[_Job, str]:
-    """Check the sizes (before anything is built), encode the data, build the model, the
-    sampler and the trainer; return the job and the start line's note on uneven ranks."""
-    corpus = load_emr_split("train")
-    note = _check_sizes(arguments, len(corpus), ctx.world_size)
+    """Check the sizes (before anything is built), encode the data, build the model, AdamW,
+    its schedule and (fp16) the scaler; return the job and the start line's note."""
+    corpus, validation = load_emr_split("train"), load_emr_split("validation")
+    note = _check_sizes(arguments, len(corpus), ctx.world_size, len(validation))
     tokenizer = load_tokenizer()
-    dataset = _EncodedNotes(encode_records(corpus[:arguments.train_samples], tokenizer,
-                                           arguments.max_length))
-    validation = encode_records(load_emr_split("validation")[:arguments.validation_samples],
-                                tokenizer, arguments.max_length)
+    columns = encode_records(corpus[:arguments.train_samples], tokenizer, arguments.max_length)
+    validation = encode_records(validation[:arguments.validation_samples], tokenizer,
+                                arguments.max_length)
     base = build_model(arguments, len(tokenizer)).to(ctx.device)
     counter = CommCounter()
     model: nn.Module = base
@@ -290,32 +328,327 @@ def _build(arguments: argparse.Namespace, ctx: DistributedContext) -> tuple[_Job
         # .grad as views into DDP's buckets: no second copy of the gradients (measured in 00)
         model = DistributedDataParallel(base, gradient_as_bucket_view=True)
         counter.register(model)
-    sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank,
-                                 shuffle=True, seed=arguments.seed,
-                                 drop_last=arguments.drop_last)
-    windows_per_epoch = -(-len(sampler) // (arguments.micro_batch_size
-                                            * arguments.accumulation_steps))
-    trainer = _trainer(arguments, ctx, model, windows_per_epoch)
-    # checkpoints and exact resume around the engine; the flags that define the run must match
-    resumable = Resumable(trainer, run=_run_definition(arguments, ctx.world_size))
-    return _Job(arguments, ctx, dataset, validation, base, counter, sampler, windows_per_epoch,
-                resumable), note
-
-
-def _trainer(arguments: argparse.Namespace, ctx: DistributedContext, model: nn.Module,
-             windows_per_epoch: int) -> AccumulationTrainer:
-    """AdamW, its warm-up-then-linear schedule over the whole run, and the engine."""
+    per_rank = len(DistributedSampler(range(len(columns["labels"])), ctx.world_size, 0,
+                                      drop_last=arguments.drop_last))
+    windows_per_epoch = -(-per_rank // (arguments.micro_batch_size
+                                        * arguments.accumulation_steps))
     optimizer = torch.optim.AdamW(model.parameters(), lr=arguments.lr)
     total = arguments.epochs * windows_per_epoch
     warmup = (arguments.warmup_steps if arguments.warmup_steps is not None
               else math.ceil(total / 10))
-    return AccumulationTrainer(
-        model, bert_classification_loss, optimizer,
-        accumulation_steps=arguments.accumulation_steps,
-        scheduler=_warmup_then_linear(optimizer, warmup, total),
-        max_grad_norm=arguments.max_grad_norm, amp_dtype=_AMP[arguments.amp],
-        progress=not arguments.no_progress and ctx.is_main,
-        observers=[_Delay(arguments.window_delay)] if arguments.window_delay else [])
+    # fp16: a summed loss is the window's items times a mean one; start the scale that much
+    # lower and GradScaler skips no step to find it (accumulation.py's docstring)
+    items = arguments.micro_batch_size * arguments.accumulation_steps * ctx.world_size
+    scaler = (torch.amp.GradScaler("cuda", init_scale=2.0**16 / items)
+              if arguments.amp == "fp16" else None)
+    return _Job(arguments, ctx, columns, validation, base, model, optimizer,
+                _warmup_then_linear(optimizer, warmup, total), scaler, counter,
+                windows_per_epoch), note
+
+
+def _rows(job: _Job, epoch: int, rank: int) -> Tensor:
+    """The training rows rank ``rank`` takes in epoch ``epoch``, in order: its
+    ``DistributedSampler`` shard, shuffled by the seed and the epoch (no global generator)."""
+    sampler = DistributedSampler(range(len(job.columns["labels"])), job.ctx.world_size, rank,
+                                 shuffle=True, seed=job.arguments.seed,
+                                 drop_last=job.arguments.drop_last)
+    sampler.set_epoch(epoch)
+    return torch.tensor(list(sampler), dtype=torch.long)
+
+
+def _fingerprint(job: _Job, trained: int) -> str | None:
+    """The SHA-256 of the global window the run trained last after ``trained`` windows (every
+    rank's rows of it, every column), or None before the first: a resume replays the data."""
+    if trained == 0:
+        return None
+    epoch, window = divmod(trained - 1, job.windows_per_epoch)
+    size = job.arguments.micro_batch_size * job.arguments.accumulation_steps
+    digest = hashlib.sha256()
+    for rank in range(job.ctx.world_size):
+        rows = _rows(job, epoch, rank)[window * size:(window + 1) * size]
+        for key in sorted(job.columns):
+            digest.update(job.columns[key][rows].contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _train(job: _Job) -> None:
+    """Train the remaining epochs, window by window with the series' loop; after each epoch,
+    its validation record, written before the epoch-end checkpoint (a kill between the two
+    resumes before the record and redoes it)."""
+    arguments, ctx = job.arguments, job.ctx
+    checkpoint, every = job.path(_CHECKPOINT), arguments.checkpoint_every
+    for epoch in range(job.epoch, arguments.epochs):
+        micro_batches = ({key: column[rows].to(ctx.device) for key, column in job.columns.items()}
+                         for rows in _rows(job, epoch, ctx.rank).split(arguments.micro_batch_size))
+        windows = itertools.islice(windows_of(micro_batches, arguments.accumulation_steps),
+                                   job.windows_done, None)  # a resume skips what it trained
+        # at most one redraw a second: each is a message to a notebook's front end
+        with tqdm(total=job.windows_per_epoch, initial=job.windows_done, desc=f"epoch {epoch}",
+                  unit="step", disable=arguments.no_progress or not ctx.is_main,
+                  mininterval=1.0) as bar:
+            for window in windows:
+                lr = job.optimizer.param_groups[0]["lr"]
+                result = accumulate_window(
+                    job.model, job.optimizer, window, bert_classification_loss,
+                    scheduler=job.scheduler, scaler=job.scaler,
+                    max_grad_norm=arguments.max_grad_norm, autocast_dtype=_AMP[arguments.amp])
+                job.history.append({"loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
+                                    "items": result.items, "epoch": epoch})
+                job.windows_done += 1
+                job.optimizer_steps += result.stepped
+                if not bar.disable:
+                    bar.set_postfix(loss=f"{result.loss:.4f}", lr=f"{lr:.2e}", refresh=False)
+                    bar.update(1)
+                if every and job.windows_done % every == 0 and (
+                        job.windows_done < job.windows_per_epoch):  # the epoch's end saves below
+                    _save(job)
+                if arguments.window_delay:
+                    time.sleep(arguments.window_delay)
+        job.epoch, job.windows_done = epoch + 1, 0
+        job.records.append(_evaluate(job, epoch))
+        if checkpoint is not None:  # the epoch boundary is a resume point too
+            if ctx.is_main:
+                _write_json(job.path(_EPOCHS_LOG), job.records)
+            _save(job)
+
+
+def _state_dict(job: _Job) -> dict[str, Any]:
+    """The job's one state: everything a resume at this window boundary needs (plain data and
+    tensors); collective across ranks (every rank's generators)."""
+    own = {"cpu_rng_state": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        own["cuda_rng_state"] = torch.cuda.get_rng_state()
+    ranks = [own]
+    if job.ctx.world_size > 1:
+        ranks = [None] * job.ctx.world_size
+        dist.all_gather_object(ranks, own)
+    trained = job.epoch * job.windows_per_epoch + job.windows_done
+    return {"format": _FORMAT, "run": _run_definition(job.arguments, job.ctx.world_size),
+            "epoch": job.epoch, "windows_done": job.windows_done,
+            "optimizer_steps": job.optimizer_steps, "history": job.history,
+            "window_fingerprint": _fingerprint(job, trained), "model": job.base.state_dict(),
+            "optimizer": job.optimizer.state_dict(), "scheduler": job.scheduler.state_dict(),
+            "scaler": None if job.scaler is None else job.scaler.state_dict(), "ranks": ranks}
+
+
+def _save(job: _Job) -> None:
+    """Write the state to the checkpoint: rank 0 writes (atomically, with a content hash),
+    every rank waits until it is on disk."""
+    state = _state_dict(job)
+    if job.ctx.is_main:
+        write_checkpoint(state, job.path(_CHECKPOINT))
+    if job.ctx.world_size > 1:
+        dist.barrier()
+
+
+def _problems(job: _Job, state: Mapping[str, Any]) -> list[str]:
+    """Everything that keeps ``state`` from resuming this run, each naming its field: the
+    flags that define the run; every part's types, dtypes and shapes against the live ones;
+    the counters, the history and the last window's data against this run's epochs and data.
+    The same on every rank (every rank refuses together)."""
+    if state.get("format") != _FORMAT:
+        return [f"format {state.get('format')!r}; this version reads format {_FORMAT}"]
+    missing = [key for key in _STATE_KEYS if key not in state]
+    run = state.get("run")
+    if missing or not isinstance(run, Mapping):
+        return [f"missing {missing}" if missing else f"run: {run!r:.60}, not the run's flags"]
+    flags = _run_definition(job.arguments, job.ctx.world_size)
+    problems = [f"{flag}: checkpoint {run.get(flag)!r}, this run {value!r}"
+                for flag, value in flags.items() if run.get(flag) != value]
+    if problems:  # another run: its other differences follow from these
+        return problems
+    own = {"cpu_rng_state": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        own["cuda_rng_state"] = torch.cuda.get_rng_state()
+    scaler = None if job.scaler is None else job.scaler.state_dict()
+    for key, live in (("model", job.base.state_dict()), ("scheduler", job.scheduler.state_dict()),
+                      ("scaler", scaler), ("ranks", [own] * job.ctx.world_size)):
+        problems += _state_problems(state[key], live, key)[:5]
+    problems += _optimizer_problems(state["optimizer"], job.optimizer)[:5]
+    counters = {key: state[key] for key in ("epoch", "windows_done", "optimizer_steps")}
+    wrong = [f"{key}: {value!r}, not an int >= 0" for key, value in counters.items()
+             if type(value) is not int or value < 0]
+    if wrong:
+        return problems + wrong
+    epoch, windows, steps = counters.values()
+    per_epoch, epochs, history = job.windows_per_epoch, job.arguments.epochs, state["history"]
+    trained = epoch * per_epoch + windows
+    last_epoch = (state["scheduler"].get("last_epoch") if isinstance(state["scheduler"], Mapping)
+                  else None)
+    if windows >= per_epoch:
+        problems.append(f"windows_done: {windows}, but an epoch of this run has {per_epoch} "
+                        "windows")
+    elif not isinstance(history, list) or len(history) != trained:
+        problems.append(f"history: {len(history) if isinstance(history, list) else history!r:.20}"
+                        f" windows, but epoch {epoch} and windows_done {windows} say {trained}")
+    else:
+        problems += _state_problems(history, [_HISTORY_ROW] * trained, "history")[:1]
+    if windows < per_epoch and (steps != last_epoch or steps > trained
+                                or (job.scaler is None and steps != trained)):
+        problems.append(f"optimizer_steps: {steps}, but the checkpoint trained {trained} windows "
+                        f"(epoch {epoch}, window {windows}) and its schedule took "
+                        f"{last_epoch!r} steps")
+    if problems:
+        return problems
+    if trained > epochs * per_epoch:  # a checkpoint of this run, but past its end
+        return [f"--epochs {epochs}: the checkpoint has trained past it (epoch {epoch}, "
+                f"{windows} of its {per_epoch} windows done); resume with --epochs "
+                f"{epoch + (windows > 0)} or more"]
+    if state["window_fingerprint"] != _fingerprint(job, trained):
+        return [f"window_fingerprint: {state['window_fingerprint']!r:.20}... is not the last "
+                "window this run trained at that point: the data differ (another corpus, "
+                "tokenizer or sampler?)"]
+    return []
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _state_problems(saved: object, live: object, field: str) -> list[str]:
+    """Where ``saved`` is not of the kind of ``live`` (a ``state_dict()`` of this run), each
+    naming its field: another type (ints and floats are both numbers), a tensor of another
+    dtype or shape, other keys, another length; empty when it fits."""
+    if isinstance(live, Tensor):
+        if not isinstance(saved, Tensor):
+            return [f"{field}: {_kind(saved)}, this run's a tensor"]
+        if saved.dtype != live.dtype:
+            return [f"{field}: dtype {saved.dtype}, this run's {live.dtype}"]
+        if saved.shape != live.shape:
+            return [f"{field}: shape {tuple(saved.shape)}, this run's {tuple(live.shape)}"]
+        return []
+    if (isinstance(live, (int, float)) and isinstance(saved, (int, float))
+            and isinstance(live, bool) == isinstance(saved, bool)):
+        return []
+    if isinstance(live, Mapping):  # a dict or an OrderedDict
+        if not isinstance(saved, Mapping):
+            return [f"{field}: {_kind(saved)}, this run's a dict"]
+        if saved.keys() != live.keys():
+            return [f"{field}: keys {sorted(map(str, live.keys() - saved.keys()))} missing, "
+                    f"{sorted(map(str, saved.keys() - live.keys()))} unknown"]
+        return [problem for key in live for problem in _state_problems(
+            saved[key], live[key], f"{field}[{key!r}]")]
+    if type(saved) is not type(live):
+        return [f"{field}: {_kind(saved)}, this run's {_kind(live)}"]
+    if isinstance(live, (list, tuple)):
+        if len(saved) != len(live):
+            return [f"{field}: {len(saved)} entries, this run's {len(live)}"]
+        return [problem for index, (mine, theirs) in enumerate(zip(saved, live, strict=True))
+                for problem in _state_problems(mine, theirs, f"{field}[{index}]")]
+    return []
+
+
+def _optimizer_problems(saved: object, optimizer: torch.optim.Optimizer) -> list[str]:
+    """Its groups (:func:`_state_problems`), and each parameter's state: numbers, or tensors of
+    its parameter's shape and dtype (``load_state_dict`` would cast another dtype)."""
+    if not isinstance(saved, Mapping) or not isinstance(saved.get("state"), Mapping):
+        return [f"optimizer: {_kind(saved)}, not an optimizer's state_dict"]
+    problems = _state_problems(saved.get("param_groups"),
+                               optimizer.state_dict()["param_groups"], "optimizer['param_groups']")
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    for index, entry in ([] if problems else saved["state"].items()):
+        if not (type(index) is int and 0 <= index < len(parameters)
+                and isinstance(entry, Mapping)):
+            problems.append(f"optimizer: the state of parameter {index!r} is no parameter's")
+            continue
+        for key, value in entry.items():
+            if not isinstance(value, (Tensor, int, float)) or isinstance(value, bool):
+                problems.append(f"optimizer: {key} of parameter {index} is {_kind(value)}, "
+                                "not a tensor or a number")
+            elif isinstance(value, Tensor) and value.dim() > 0:  # not a step count
+                live = parameters[index]
+                for what, theirs, mine in (("shape", tuple(value.shape), tuple(live.shape)),
+                                           ("dtype", value.dtype, live.dtype)):
+                    if theirs != mine:
+                        problems.append(f"optimizer: {key} of parameter {index} has {what} "
+                                        f"{theirs}, the parameter {mine}")
+                        break
+    return problems
+
+
+def _resume(job: _Job) -> dict | None:
+    """Clear what a killed run left; with --resume, restore the checkpoint after checking
+    everything it holds (and the validation records beside it); return where it resumed."""
+    arguments, ctx = job.arguments, job.ctx
+    if ctx.is_main:
+        for directory in (arguments.checkpoint_dir, arguments.json and arguments.json.parent):
+            if directory:
+                directory.mkdir(parents=True, exist_ok=True)
+        for path in (job.path(_CHECKPOINT), job.path(_EPOCHS_LOG), job.path(_FINAL),
+                     arguments.json):  # every file the run writes, temporary first
+            if path is not None:
+                remove_stale_temporaries(path)
+    path = job.path(_CHECKPOINT)
+    if not arguments.resume:
+        return None
+    if not path.is_file():
+        if ctx.is_main:
+            print(f"no checkpoint in {arguments.checkpoint_dir}: starting from step 0",
+                  flush=True)
+        return None
+    # to the CPU: generator states must stay CPU ByteTensors; load_state_dict copies the
+    # model's tensors onto its device and the optimizer moves its state to its parameters'
+    state = read_checkpoint(path, map_location="cpu")
+    problems = _problems(job, state)
+    if problems:
+        raise CheckpointError(f"--resume: checkpoint {path} does not fit this run; nothing was "
+                              "restored: " + "; ".join(problems))
+    saved = _saved_records(job.path(_EPOCHS_LOG))
+    job.base.load_state_dict(state["model"])
+    job.optimizer.load_state_dict(state["optimizer"])
+    job.scheduler.load_state_dict(state["scheduler"])
+    if job.scaler is not None:
+        job.scaler.load_state_dict(state["scaler"])
+    own = state["ranks"][ctx.rank]
+    torch.set_rng_state(own["cpu_rng_state"])
+    if "cuda_rng_state" in own:
+        torch.cuda.set_rng_state(own["cuda_rng_state"])
+    job.epoch, job.windows_done = state["epoch"], state["windows_done"]
+    job.optimizer_steps, job.history = state["optimizer_steps"], state["history"]
+    _recover_records(job, saved)
+    return {"epoch": job.epoch, "window": job.windows_done,
+            "optimizer_steps": job.optimizer_steps}
+
+
+def _saved_records(path: Path) -> list[dict]:
+    """The validation records in ``epochs.json`` (none when it is not there); refuse, naming
+    the flag, one that is not the job's."""
+    try:
+        saved = json.loads(path.read_text()) if path.is_file() else []
+        problems = (_state_problems(saved, [_RECORD] * len(saved), "records")
+                    if isinstance(saved, list) else [f"{_kind(saved)}, not a list of records"])
+    except (OSError, ValueError) as error:  # a UnicodeDecodeError is a ValueError too
+        problems = [str(error)]
+    if problems or any(type(record["epoch"]) is not int for record in saved):
+        raise JobError(f"--checkpoint-dir {path.parent}: {path.name} is not the job's "
+                       f"validation log ({problems[:1] or 'an epoch that is not an int'}); "
+                       "move it away to resume without those records")
+    return saved
+
+
+def _recover_records(job: _Job, saved: list[dict]) -> None:
+    """The records of the epochs the checkpoint has trained. One the run was killed before
+    writing is evaluated again when the checkpoint holds that epoch's end model; any other
+    missing one is named (kept as lost), never dropped in silence."""
+    job.records = [record for record in saved if record["epoch"] < job.epoch]
+    missing = sorted(set(range(job.epoch)) - {record["epoch"] for record in job.records})
+    if missing and missing[-1] == job.epoch - 1 and job.windows_done == 0:
+        if job.ctx.is_main:
+            print(f"epoch {missing[-1]} has a checkpoint but no validation record: evaluating "
+                  "its model again", flush=True)
+        job.records.append(_evaluate(job, missing.pop()))  # the checkpoint's is its end model
+        job.records.sort(key=lambda record: record["epoch"])
+        if job.ctx.is_main:
+            _write_json(job.path(_EPOCHS_LOG), job.records)
+    if job.ctx.is_main:
+        for epoch in missing:
+            print(f"warning: epoch {epoch} has no validation record in "
+                  f"{job.path(_EPOCHS_LOG)} and its model is gone (the checkpoint is past it)",
+                  file=sys.stderr, flush=True)
+    job.lost = missing
 
 
 def _evaluate(job: _Job, epoch: int) -> dict[str, float]:
@@ -354,93 +687,27 @@ def _write_json(path: Path, payload: object) -> None:
     write_atomically(path, json.dumps(payload, indent=1).encode())
 
 
-def _start(job: _Job) -> tuple[list[dict], list[int], dict | None]:
-    """Clear what a killed run left, then resume from the checkpoint when asked; return the
-    validation records so far, the epochs whose record is lost, and where the run resumed."""
-    arguments, ctx = job.arguments, job.ctx
-    if ctx.is_main:
-        if arguments.checkpoint_dir is not None:
-            arguments.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        for path in (job.path(_CHECKPOINT), job.path(_EPOCHS_LOG), job.path(_FINAL),
-                     arguments.json):  # every file the run writes, temporary first
-            if path is not None:
-                remove_stale_temporaries(path)
-    checkpoint = job.path(_CHECKPOINT)
-    if not arguments.resume:
-        return [], [], None
-    if not checkpoint.is_file():
-        if ctx.is_main:
-            print(f"no checkpoint in {arguments.checkpoint_dir}: starting from step 0",
-                  flush=True)
-        return [], [], None
-    job.resumable.load_checkpoint(checkpoint)
-    trainer = job.trainer
-    records, lost = _validation_records(job)
-    return records, lost, {"epoch": trainer.epoch, "window": trainer.windows_done,
-                           "optimizer_steps": trainer.optimizer_steps}
-
-
-def _validation_records(job: _Job) -> tuple[list[dict], list[int]]:
-    """The records of the epochs the checkpoint has trained. One the run was killed before
-    writing is evaluated again when the checkpoint holds that epoch's end model; any other
-    missing one is named (returned as lost), never dropped in silence."""
-    path, trainer = job.path(_EPOCHS_LOG), job.trainer
-    saved = json.loads(path.read_text()) if path.is_file() else []
-    records = [record for record in saved if record["epoch"] < trainer.epoch]
-    missing = sorted(set(range(trainer.epoch)) - {record["epoch"] for record in records})
-    if missing and missing[-1] == trainer.epoch - 1 and trainer.windows_done == 0:
-        if job.ctx.is_main:
-            print(f"epoch {missing[-1]} has a checkpoint but no validation record: evaluating "
-                  "its model again", flush=True)
-        records.append(_evaluate(job, missing.pop()))  # the checkpoint's is its end model
-        records.sort(key=lambda record: record["epoch"])
-        if job.ctx.is_main:
-            _write_json(path, records)
-    if job.ctx.is_main:
-        for epoch in missing:
-            print(f"warning: epoch {epoch} has no validation record in {path} and its model "
-                  "is gone (the checkpoint is past it)", file=sys.stderr, flush=True)
-    return records, missing
-
-
-def _train_epochs(job: _Job, records: list[dict]) -> None:
-    """Train the remaining epochs; after each, its validation record, written before the
-    epoch-end checkpoint (a kill between the two resumes before the record and redoes it)."""
-    arguments, trainer = job.arguments, job.trainer
-    checkpoint, every = job.path(_CHECKPOINT), arguments.checkpoint_every
-    for epoch in range(trainer.epoch, arguments.epochs):
-        job.sampler.set_epoch(epoch)
-        loader = DataLoader(job.dataset, batch_size=arguments.micro_batch_size,
-                            sampler=job.sampler)
-        job.resumable.train_epoch(loader, checkpoint_path=checkpoint if every else None,
-                                  checkpoint_every=every)
-        records.append(_evaluate(job, epoch))
-        if checkpoint is not None:  # the epoch boundary is a resume point too
-            if job.ctx.is_main:
-                _write_json(job.path(_EPOCHS_LOG), records)
-            job.resumable.save_checkpoint(checkpoint)
-
-
-def _summary(job: _Job, records: list[dict], lost: list[int]) -> str:
+def _summary(job: _Job) -> str:
     """Return the end-of-run lines: epochs, optimizer steps, effective batch, and each
     epoch's validation loss, accuracy and macro-F1 (or that its record is lost)."""
-    trainer = job.trainer
     rows = {record["epoch"]: f"{record['epoch']:5d} {record['validation_loss']:6.3f} "
                              f"{record['accuracy']:9.3f} {record['macro_f1']:9.3f}"
-            for record in records}
-    rows |= {epoch: f"{epoch:5d}   (no validation record)" for epoch in lost}
-    return "\n".join([f"{trainer.epoch} epochs, {trainer.optimizer_steps} optimizer steps, "
+            for record in job.records}
+    rows |= {epoch: f"{epoch:5d}   (no validation record)" for epoch in job.lost}
+    return "\n".join([f"{job.epoch} epochs, {job.optimizer_steps} optimizer steps, "
                       f"effective batch {job.effective_batch}; validation after each epoch:",
                       "epoch   loss  accuracy  macro-F1", *(rows[e] for e in sorted(rows))])
 
 
 def _run(arguments: argparse.Namespace) -> dict:
-    """Train, evaluate and save; return the log (complete on rank 0)."""
+    """Check the paths, build, resume, train, evaluate and save; return the log (complete
+    on rank 0)."""
+    _check_paths(arguments)
     ctx = init_distributed(arguments.timeout)
     started = time.perf_counter()
     set_seed(arguments.seed + ctx.rank)  # torch seeds itself randomly in each new process
     job, note = _build(arguments, ctx)
-    records, lost, resumed_from = _start(job)
+    resumed_from = _resume(job)
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if ctx.is_main:
         print(f"effective batch = micro-batch {arguments.micro_batch_size} x k "
@@ -448,19 +715,17 @@ def _run(arguments: argparse.Namespace) -> dict:
               f"{job.effective_batch}; {job.windows_per_epoch} optimizer steps per epoch{note}"
               + (f"; resumed at {resumed_from} (restart {restarts})" if resumed_from else ""),
               flush=True)
-    _train_epochs(job, records)
+    _train(job)
     if ctx.is_main:
-        print(_summary(job, records, lost), flush=True)
+        print(_summary(job), flush=True)
     log = {
         "world_size": ctx.world_size, "backend": ctx.backend,
         "accumulation_steps": arguments.accumulation_steps,
         "micro_batch_size": arguments.micro_batch_size,
         "effective_batch_size": job.effective_batch,
         "windows_per_epoch": job.windows_per_epoch, "restarts": restarts,
-        "resumed_from": resumed_from,
-        "steps": [{"loss": r.loss, "lr": r.learning_rate, "grad_norm": r.grad_norm,
-                   "items": r.items, "epoch": r.epoch} for r in job.trainer.history.records],
-        "epochs": records, "epochs_without_validation": lost,
+        "resumed_from": resumed_from, "steps": job.history,
+        "epochs": job.records, "epochs_without_validation": job.lost,
         "allreduce_bytes": job.counter.take()["bytes"],
         "seconds": time.perf_counter() - started,
     }
@@ -486,22 +751,6 @@ def _written_files(arguments: argparse.Namespace) -> str:
     return "\n".join(lines) or "saved nothing (no --checkpoint-dir or --json given)"
 
 
-class _Delay:
-    """An observer that sleeps at the end of every window: ``--window-delay``, for the fault
-    tests only. It is the honest way to kill a worker mid-epoch: the tests' tiny job trains an
-    epoch in well under a second, too fast to aim a kill between two checkpoints."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-
-    def on_micro_step(self, *_: object) -> None:
-        """Do nothing per micro-step."""
-
-    def on_window_end(self, *_: object) -> None:
-        """Sleep at the end of every window."""
-        time.sleep(self.seconds)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, run, write the log on rank 0, and tear the process group down."""
     arguments = parse_arguments(argv)
@@ -510,7 +759,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             log = _run(arguments)
             main_rank = not dist.is_initialized() or dist.get_rank() == 0
             if main_rank and arguments.json:
-                arguments.json.parent.mkdir(parents=True, exist_ok=True)
                 _write_json(arguments.json, log)
             if main_rank:
                 print(_written_files(arguments), flush=True)
