@@ -1,5 +1,6 @@
 """launch() under failure: no process of a run outlives it (timeout, interrupt, caller ended by
-a signal or a kernel restart, agent killed), a timeout names the ranks that hung, and more.
+a signal or a kernel restart, torchrun's agent or the run's supervisor killed, even with the
+caller), a timeout names the ranks that hung, and more.
 
 Each check looks at the processes of its OWN run (pids the run's workers wrote, pids launch
 recorded, the test's own process tree), never at the whole machine: other runs may share it.
@@ -9,11 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterable
@@ -23,14 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gradaccum_lib.jobs.launch import (  # the run folder's sweep: internals
-    _OWNER_FILE,
-    _RUN_FOLDER_PREFIX,
-    LaunchError,
-    LaunchTimeout,
-    _remove_orphaned_run_folders,
-    launch,
-)
+from gradaccum_lib.jobs.launch import LaunchError, LaunchTimeout, launch
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -71,13 +63,11 @@ def _wait_until_gone(pids: list[int], timeout_seconds: float) -> float:
     return time.monotonic() - start
 
 
-def _run_folder_of(owner: int) -> Path:
-    """Return the run folder (in the system temp dir) that records ``owner`` as its owner."""
-    for folder in Path(tempfile.gettempdir()).glob(f"{_RUN_FOLDER_PREFIX}*"):
-        with contextlib.suppress(OSError):  # other runs' folders come and go
-            if (folder / _OWNER_FILE).read_text().split()[0] == str(owner):
-                return folder
-    raise AssertionError(f"no run folder of pid {owner}")
+def _supervisor_of(caller: int) -> tuple[int, Path]:
+    """Return the pid of the run's supervisor (run_agent) that ``caller`` started, and the
+    run's folder (its 6th argument)."""
+    [supervisor] = psutil.Process(caller).children()
+    return supervisor.pid, Path(supervisor.cmdline()[5])
 
 
 def _kill(pids: Iterable[int]) -> None:
@@ -153,7 +143,43 @@ def test_workers_die_with_a_killed_agent(tmp_path):
         _kill(workers)
 
 
-def test_a_worker_exits_at_once_when_its_agent_is_already_gone():
+#: a plain torchrun worker whose agent dies after it started, before run_worker armed the
+#: parent-death signal: it waits for the test to kill the agent, then calls run_worker
+_ORPHAN = """
+import os, sys, time
+from pathlib import Path
+from gradaccum_lib.jobs.agent import run_worker  # imported first, as the job's modules do
+(Path(sys.argv[1]) / f"rank-{os.environ['RANK']}").write_text(str(os.getpid()))
+agent = os.getppid()
+while os.getppid() == agent:  # the test kills the agent now
+    time.sleep(0.01)
+run_worker(lambda: time.sleep(3600))
+"""
+
+
+def test_workers_exit_when_their_agent_died_before_run_worker(tmp_path):
+    # issue 36's fault: SIGKILLed as its workers start, a plain torchrun's agent left them
+    # reparented and hanging (they took the new parent for their agent)
+    (tmp_path / "orphan.py").write_text(_ORPHAN)
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(tmp_path / "orphan.py"), str(tmp_path)], cwd=ROOT, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    workers: list[int] = []
+    try:
+        workers = _ready_pids(tmp_path, ["rank-0", "rank-1"], 60)
+        agent.kill()
+        agent.wait()
+        seconds = _wait_until_gone(workers, 5)
+        print(f"agent SIGKILLed before run_worker: workers gone in {seconds:.2f} s")
+    finally:
+        agent.kill()
+        agent.wait()
+        _kill(workers)
+
+
+def test_a_worker_exits_at_once_when_its_agent_is_already_gone(tmp_path):
     # launch() tells its workers the agent's pid: one whose parent is another process exits
     # (4194305 is above Linux's largest pid: no process has it)
     run_id = "gradaccum-test"
@@ -164,19 +190,23 @@ def test_a_worker_exits_at_once_when_its_agent_is_already_gone():
              "GRADACCUM_AGENT": f"{run_id}:4194305"})
     assert worker.returncode == 1
     assert "torchrun agent (pid 4194305) is gone" in worker.stderr
-    # and an agent whose caller is already gone exits before starting torchrun
-    agent = subprocess.run([sys.executable, "-c", "from gradaccum_lib.jobs.agent import "
-                            "run_agent; run_agent(4194305, 'run', 'unused', [])"], cwd=ROOT,
-                           capture_output=True, text=True, timeout=60)
+    # and a supervisor whose caller is already gone exits before starting torchrun, and
+    # removes the run's folder
+    (tmp_path / "run").mkdir()
+    agent = subprocess.run([sys.executable, "-c", "import sys; from gradaccum_lib.jobs.agent "
+                            "import run_agent; run_agent('4194305', sys.argv[1], 'run')",
+                            str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True,
+                           timeout=60)
     assert agent.returncode == 1 and "caller of launch() (pid 4194305) is gone" in agent.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_watchdog_exits_a_process_whose_parent_dies(tmp_path):
-    # the fallback where prctl(PR_SET_PDEATHSIG) is not available
+    # the supervisors' watch, and the workers' where prctl(PR_SET_PDEATHSIG) is not available
     ready = tmp_path / "child"
     child_code = ("import os, sys, time; "
-                  "from gradaccum_lib.jobs.agent import _exit_orphaned, _watch_parent; "
-                  "_watch_parent(os.getppid(), _exit_orphaned); "
+                  "from gradaccum_lib.jobs.agent import _exit_orphaned, _when_orphaned; "
+                  "_when_orphaned(os.getppid(), lambda: _exit_orphaned(0)); "
                   "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)")
     parent = subprocess.Popen(
         [sys.executable, "-c", "import subprocess, sys, time; "
@@ -257,14 +287,12 @@ def test_a_caller_ended_by_a_signal_leaves_no_process(tmp_path, signum, thread):
         started = _ready_pids(tmp_path, ["rank-0", "rank-1"], 60)
         run = [process.pid for process in psutil.Process(caller.pid).children(recursive=True)]
         assert set(started) < set(run) and len(run) == 4  # 2 agents and both workers
-        folder = _run_folder_of(caller.pid)
+        folder = _supervisor_of(caller.pid)[1]
         caller.send_signal(signum)
         seconds = _wait_until_gone(run, 5)
         print(f"{signal.Signals(signum).name} (thread: {thread}): run gone in {seconds:.2f} s")
         assert caller.wait(30) == -signum
-        if signum == signal.SIGKILL or thread:  # no handler ran: the next launch() sweeps
-            _remove_orphaned_run_folders()
-        assert not folder.exists()
+        assert not folder.exists()  # the supervisor removed it
     finally:
         caller.kill()
         caller.wait()
@@ -289,13 +317,12 @@ def test_restarting_the_kernel_leaves_no_process(tmp_path, slow_to_die):
         kernel = manager.provisioner.process.pid
         run = [process.pid for process in psutil.Process(kernel).children(recursive=True)]
         assert set(started) < set(run)
-        folder = _run_folder_of(kernel)
+        folder = _supervisor_of(kernel)[1]
         start = time.monotonic()
         manager.restart_kernel(now=True)
         _wait_until_gone(run, 5 - (time.monotonic() - start))
         print(f"kernel restart ({'slow-to-die' if slow_to_die else 'hang'}): run gone in "
               f"{time.monotonic() - start:.2f} s")
-        _remove_orphaned_run_folders()
         assert not folder.exists()
     finally:
         client.stop_channels()
@@ -320,61 +347,6 @@ def test_a_dead_agent_is_named_in_the_error(tmp_path, signum, verb):
     assert _running(info.value.process_ids) == []
 
 
-def test_sigterm_to_a_caller_with_its_own_handler_ends_the_run_and_calls_it(tmp_path):
-    # in the main thread: the caller's handler runs after the cleanup; SIGHUP stays ignored
-    received: list[int] = []
-    previous = (signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum)),
-                signal.signal(signal.SIGHUP, signal.SIG_IGN))
-    handlers: list[object] = []  # while launch() runs
-
-    def send_sigterm() -> None:
-        _ready_pids(tmp_path, ["rank-0", "rank-1"], 60)
-        handlers.extend([signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)])
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    before = {process.pid for process in psutil.Process().children(recursive=True)}
-    try:
-        with ThreadPoolExecutor(1) as sender, pytest.raises(
-                LaunchError, match=r"launch\(\) of .*hang.py was stopped by SIGTERM") as info:
-            sender.submit(send_sigterm)
-            launch(HANG, ["--ready-dir", str(tmp_path), "--hang-ranks", "0,1"],
-                   timeout_seconds=120)
-        assert received == [signal.SIGTERM] and info.value.returncode == -signal.SIGTERM
-        assert handlers[0] not in (signal.getsignal(signal.SIGTERM), signal.SIG_DFL)
-        assert handlers[1] == signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
-        assert _running(_ready_pids(tmp_path, ["rank-0", "rank-1"], 0)) == []
-        assert {process.pid for process in psutil.Process().children(recursive=True)} <= before
-    finally:
-        signal.signal(signal.SIGTERM, previous[0])
-        signal.signal(signal.SIGHUP, previous[1])
-
-
-def test_only_the_run_folders_of_dead_owners_are_removed():
-    # folders of this test's own, uniquely named, in the system temp dir where launch() sweeps
-    gone = subprocess.run([sys.executable, "-c", "import psutil; p = psutil.Process(); "
-                           "print(p.pid, repr(p.create_time()))"], capture_output=True,
-                          text=True, check=True).stdout.split()  # a dead process
-    me, namespace = psutil.Process(), os.readlink("/proc/self/ns/pid")
-    prefix = f"{Path(tempfile.gettempdir()) / _RUN_FOLDER_PREFIX}test-{os.getpid()}-"
-    owners = {"live": f"{me.pid} {me.create_time()!r} {namespace}",
-              "dead": f"{gone[0]} {gone[1]} {namespace}", "no-owner": None,
-              "reused-pid": f"{me.pid} {me.create_time() - 60} {namespace}",
-              "dead-elsewhere": f"{gone[0]} {gone[1]} pid:[0]"}
-    try:
-        for name, owner in owners.items():
-            Path(f"{prefix}{name}").mkdir()
-            if owner is not None:
-                (Path(f"{prefix}{name}") / _OWNER_FILE).write_text(owner)
-        removed = [str(path) for path in _remove_orphaned_run_folders()
-                   if str(path).startswith(prefix)]  # other runs' dead folders may go too
-        assert sorted(removed) == [f"{prefix}dead", f"{prefix}reused-pid"]
-        assert sorted(str(path) for path in Path(prefix).parent.glob(f"{Path(prefix).name}*")) \
-            == [f"{prefix}dead-elsewhere", f"{prefix}live", f"{prefix}no-owner"]
-    finally:
-        for name in owners:
-            shutil.rmtree(f"{prefix}{name}", ignore_errors=True)
-
-
 def test_the_store_file_is_read_only_under_the_run_launch_started(monkeypatch):
     from gradaccum_lib.distributed import STORE_FILE_VARIABLE, _store_file
 
@@ -387,9 +359,11 @@ def test_the_store_file_is_read_only_under_the_run_launch_started(monkeypatch):
     assert _store_file() == "/tmp/a:b/store"
 
 
-def test_a_caller_killed_hard_leaves_no_slow_worker_after_5_s(tmp_path):
+@pytest.mark.parametrize("with_supervisor", [False, True], ids=["caller", "caller-and-supervisor"])
+def test_a_caller_killed_hard_leaves_no_slow_worker_after_5_s(tmp_path, with_supervisor):
     # plain workers (no run_worker) that ignore SIGTERM, and their children in sessions of
-    # their own: after a SIGKILL of launch()'s caller, launch()'s own grace, then SIGKILL
+    # their own: after a SIGKILL of launch()'s caller (and of the run's supervisor with it:
+    # then torchrun's agent ends the run), the run's own grace, then SIGKILL
     caller = subprocess.Popen([sys.executable, CALLER, "--ready-dir", str(tmp_path),
                                "--slow-to-die"], cwd=ROOT)
     run: list[int] = []
@@ -398,10 +372,15 @@ def test_a_caller_killed_hard_leaves_no_slow_worker_after_5_s(tmp_path):
                               60)
         run = [process.pid for process in psutil.Process(caller.pid).children(recursive=True)]
         assert set(started) < set(run)
+        supervisor, folder = _supervisor_of(caller.pid)
+        if with_supervisor:
+            os.kill(supervisor, signal.SIGKILL)
         caller.kill()
         caller.wait()
         seconds = _wait_until_gone(run, 5)
-        print(f"caller SIGKILLed, slow workers: run gone in {seconds:.2f} s")
+        print(f"caller SIGKILLed (supervisor too: {with_supervisor}), slow workers: run gone "
+              f"in {seconds:.2f} s")
+        assert not folder.exists()
     finally:
         caller.kill()
         caller.wait()
@@ -446,3 +425,26 @@ def test_no_worker_escapes_an_agent_killed_as_it_starts_them(tmp_path):
         finally:
             _kill(seen)
             _kill(int(path.read_text()) for path in tmp_path.iterdir() if path.read_text())
+
+
+def test_a_killed_supervisor_is_named_and_its_run_ends(tmp_path):
+    # run_agent SIGKILLed while its slow workers run: torchrun's agent ends the run, and
+    # launch() returns as soon as every process it saw is gone, naming the supervisor
+    before = {process.pid for process in psutil.Process().children()}
+    names = ["rank-0", "rank-1", "rank-0-child", "rank-1-child"]
+    with ThreadPoolExecutor(1) as runner:
+        future = runner.submit(launch, SLOW_TO_DIE, ["--ready-dir", str(tmp_path)],
+                               timeout_seconds=120)
+        started = _ready_pids(tmp_path, names, 60)
+        try:
+            [supervisor] = [process.pid for process in psutil.Process().children()
+                            if process.pid not in before]
+            start = time.monotonic()
+            os.kill(supervisor, signal.SIGKILL)
+            with pytest.raises(LaunchError, match=rf"the run's supervisor run_agent \(pid "
+                                                  rf"{supervisor}\) was killed by SIGKILL"):
+                future.result(5)
+            print(f"supervisor SIGKILLed: launch() raised in {time.monotonic() - start:.2f} s")
+            assert _running(started) == []
+        finally:
+            _kill(started)

@@ -1,31 +1,32 @@
 """The agent's side of a :func:`~gradaccum_lib.jobs.launch.launch` run: what runs in the
-processes launch() starts, never in its caller.
+processes launch() starts, and :func:`run_worker`, every torchrun worker's entry point.
 
-- :func:`run_agent` is the process launch() starts. It runs torchrun's agent as its child and
-  ends the whole tree, whatever ends the run: its caller's death (even by SIGKILL, Jupyter's
-  "Restart kernel": the parent-death signal), a SIGTERM/SIGHUP from launch(), or the torchrun
-  agent's own exit or death. Ending the tree is SIGTERM to every process of the run,
-  :data:`TERMINATE_GRACE_SECONDS` to exit, SIGKILL to the rest: torchrun's own grace between
-  the two is 30 s. It is a child subreaper (Linux ``PR_SET_CHILD_SUBREAPER``): a process of
-  the run whose parent dies becomes its child instead of PID 1's, so no worker escapes a
-  killed torchrun agent, however early it was started, and no process of the run needs to be
-  recorded in time.
-- :func:`run_worker` is a torchrun worker's entry point: it dies with its torchrun agent,
-  prints its Python stacks on SIGUSR1 (what launch() shows for the ranks that hang) and exits
-  without the interpreter's finalisation, which gloo's threads can abort.
+launch() starts :func:`run_agent`, the run's supervisor, which starts torchrun's agent as its
+child. Each of the two ends the whole tree when the other dies, even by SIGKILL: SIGTERM to
+every process below it, :data:`TERMINATE_GRACE_SECONDS` to exit, then SIGKILL (torchrun's
+own grace between the two is 30 s). The supervisor also ends it when torchrun's agent exits,
+on SIGTERM/SIGHUP/SIGINT from launch() and when launch()'s caller dies, however it dies
+(Jupyter's "Restart kernel" is a SIGKILL); whichever ends the run after the caller's death
+also removes the run's folder. Each watches the other, or the caller, from a thread that
+looks at its parent every :data:`_WATCH_SECONDS`. On Linux the supervisor is a child
+subreaper (``PR_SET_CHILD_SUBREAPER``; torchrun's agent becomes one when it ends the run): a
+process of the run whose parent dies becomes its child instead of PID 1's, so no worker
+escapes a killed torchrun agent, however early it was started. A process whose parent died
+elsewhere (macOS) belongs to launchd: only what launch() recorded is killed then.
 
-Limits. Outside Linux (macOS) there is neither a subreaper nor a parent-death signal: a
-watchdog thread notices a dead caller or agent within :data:`_WATCHDOG_SECONDS`, and a process
-whose parent died belongs to launchd, so only the processes that launch() recorded while it
-ran (every 0.2 s) are killed. Everywhere, a SIGKILL of :func:`run_agent`'s own process leaves
-torchrun's agent to stop its workers with its own 30 s grace.
+A worker started through :func:`run_worker` dies with torchrun's agent (SIGKILL: Linux's
+parent-death signal, else a watching thread), even a plain torchrun's. That agent exports no
+pid: the worker takes its parent when this module was imported for its agent, so one whose
+agent died before that import runs on; a module that imports this one first narrows the gap.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -37,182 +38,152 @@ from typing import NoReturn
 
 import psutil
 
+from .. import _PARENT_PID
+
 __all__ = ["TERMINATE_GRACE_SECONDS", "run_agent", "run_worker"]
 
 #: seconds each process of a run gets to exit on SIGTERM before it gets SIGKILL
 TERMINATE_GRACE_SECONDS = 2.0
-#: how often the watchdog (where there is no parent-death signal) looks at the parent
-_WATCHDOG_SECONDS = 0.5
-#: set by the torchrun agent for its workers: "TORCHELASTIC_RUN_ID:PID", the agent's pid, which
-#: a worker of THAT run dies with (a torchrun started inside a worker inherits it, another run)
+#: how often a watching thread looks at its process's parent
+_WATCH_SECONDS = 0.1
+#: set by launch()'s torchrun agent for its workers: "TORCHELASTIC_RUN_ID:PID", the agent's
+#: pid, which a worker of THAT run dies with (a torchrun started inside a worker inherits it)
 _AGENT_VARIABLE = "GRADACCUM_AGENT"
-#: what run_agent's child runs: torchrun's agent, which dies with run_agent
-_TORCHRUN_ENTRY = ("import sys; sys.path.append(sys.argv[1]); "
-                   "from gradaccum_lib.jobs.agent import _run_torchrun; "
-                   "_run_torchrun(int(sys.argv[2]), sys.argv[3], sys.argv[4:])")
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-_PR_SET_CHILD_SUBREAPER = 36
+#: what run_agent's child runs: torchrun's agent (the package's parent folder comes last on
+#: its path, for a caller that added it)
+_TORCHRUN_ENTRY = ("import sys; sys.path.append(sys.argv[1]); from gradaccum_lib.jobs.agent "
+                   "import _run_torchrun; _run_torchrun(*sys.argv[2:])")
+#: this process's parent when the package was imported, before torch loaded: a plain torchrun
+#: worker's agent, which exports no pid, if it was still alive then
+_PARENT_AT_IMPORT = _PARENT_PID
+_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36  # <linux/prctl.h>
 
 
 def _prctl(option: int, value: int) -> bool:
     """Return True if Linux ``prctl(option, value)`` succeeded, False where it is not there."""
     if not sys.platform.startswith("linux"):
         return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(option, int(value), 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
+    return ctypes.CDLL(None, use_errno=True).prctl(option, int(value), 0, 0, 0) == 0
 
 
-def _watch_parent(parent_pid: int, orphaned: Callable[[int], object]) -> threading.Thread:
-    """Start and return a daemon thread that calls ``orphaned(parent_pid)`` once this
-    process's parent is no longer ``parent_pid``."""
+def _when_orphaned(parent_pid: int, action: Callable[[], object]) -> None:
+    """Call ``action()`` in a daemon thread once this process's parent is no longer
+    ``parent_pid`` (at once if it already is not)."""
 
     def watch() -> None:
         while os.getppid() == parent_pid:
-            time.sleep(_WATCHDOG_SECONDS)
-        orphaned(parent_pid)
+            time.sleep(_WATCH_SECONDS)
+        action()
 
-    thread = threading.Thread(target=watch, name="gradaccum-parent-watchdog", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=watch, name="gradaccum-parent-watch", daemon=True).start()
 
 
-def _die_with(parent_pid: int, signum: int, orphaned: Callable[[int], object]) -> None:
-    """Have ``signum`` sent to this process when ``parent_pid`` dies: the parent-death signal
-    (armed for the THREAD that started this process), else a watchdog thread calling
-    ``orphaned``; call ``orphaned`` now if that parent is already gone."""
-    if not _prctl(_PR_SET_PDEATHSIG, signum):
-        _watch_parent(parent_pid, orphaned)
-    if os.getppid() != parent_pid:  # it died before the signal was armed
-        orphaned(parent_pid)
-
-
-def _exit_orphaned(parent_pid: int) -> NoReturn:
-    """Exit this process at once (code 1): its parent ``parent_pid`` is gone."""
-    print(f"torchrun agent (pid {parent_pid}) is gone; worker {os.getpid()} exits",
-          file=sys.stderr, flush=True)
-    os._exit(1)
-
-
-def _caller_gone(caller_pid: int) -> None:
-    """Send this process SIGTERM: the caller of launch() is gone (run_agent then stops)."""
-    print(f"the caller of launch() (pid {caller_pid}) is gone; run_agent {os.getpid()} stops "
-          "the run", file=sys.stderr, flush=True)
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
-def run_agent(caller_pid: int, run_id: str, agent_pid_file: str, arguments: list[str]) -> NoReturn:
+def run_agent(caller_pid: str, folder: str, run_id: str, *arguments: str) -> NoReturn:
     """Run ``torchrun ARGUMENTS`` as this process's child (its pid written to
-    ``agent_pid_file``), end the whole tree when it exits, when ``caller_pid`` dies or on
-    SIGTERM/SIGHUP/SIGINT, and exit as the torchrun agent did (code 1 when stopped)."""
-    stopped: list[int] = []
-    for signum in _STOP_SIGNALS:
-        signal.signal(signum, lambda signum, frame: stopped.append(signum))
+    ``FOLDER/agent_pid``); end the whole tree when it exits, when ``caller_pid`` dies or on
+    SIGTERM/SIGHUP/SIGINT; exit with its exit code (128 + N if signal N killed it; 1 when
+    stopped). Remove ``folder`` if the caller is gone."""
+    caller, stop = int(caller_pid), []  # a list: no lock that a signal handler could take
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, lambda signum, frame: stop.append(signum))
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)  # orphans of the run become this process's children
-    _die_with(caller_pid, signal.SIGTERM, _caller_gone)
+    _when_orphaned(caller, lambda: stop.append(0))
     status = None
-    if not stopped:
-        package_parent = str(Path(__file__).resolve().parents[2])
-        agent_pid = os.posix_spawn(sys.executable, [
-            sys.executable, "-c", _TORCHRUN_ENTRY, package_parent, str(os.getpid()), run_id,
-            *arguments], os.environ)
-        Path(agent_pid_file).write_text(str(agent_pid))
-        status = _wait_for(agent_pid, stopped)
-    _end_tree()
-    _exit_as(status)
+    if os.getppid() == caller:
+        agent = os.posix_spawn(sys.executable, [
+            sys.executable, "-c", _TORCHRUN_ENTRY, str(Path(__file__).resolve().parents[2]),
+            str(os.getpid()), caller_pid, folder, run_id, *arguments], os.environ)
+        (Path(folder) / "agent_pid").write_text(str(agent))
+        while status is None and not stop:
+            time.sleep(0.05)  # a signal ends it early
+            status = _reap().get(agent)
+    if os.getppid() != caller:
+        print(f"the caller of launch() (pid {caller}) is gone", file=sys.stderr, flush=True)
+    _end_run(caller, folder)
+    code = 1 if status is None else os.waitstatus_to_exitcode(status)
+    os._exit(128 - code if code < 0 else code)
 
 
-def _wait_for(agent_pid: int, stopped: list[int]) -> int | None:
-    """Reap this process's children until ``agent_pid`` exits (return its wait status) or a
-    stop signal is in ``stopped`` (return None)."""
-    while not stopped:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return None
-        if pid == agent_pid:
-            return status
-        if pid == 0:  # none exited: a signal ends the sleep early, and the loop sees it
-            time.sleep(0.05)
-    return None
+def _run_torchrun(supervisor_pid: str, caller_pid: str, folder: str, run_id: str,
+                  *arguments: str) -> None:
+    """Run torchrun's agent here (``torchrun ARGUMENTS``): its workers of run ``run_id``
+    learn its pid; it ends the run and exits if run_agent, ``supervisor_pid``, dies."""
+    os.environ[_AGENT_VARIABLE] = f"{run_id}:{os.getpid()}"
+    ending = threading.Lock()  # held by the watch once it ends the run
+
+    def supervisor_gone() -> None:
+        ending.acquire()
+        _prctl(_PR_SET_CHILD_SUBREAPER, 1)  # what is orphaned from now on comes here
+        _end_run(int(caller_pid), folder)
+        os._exit(1)
+
+    _when_orphaned(int(supervisor_pid), supervisor_gone)
+    from torch.distributed.run import main  # after the watch: importing torch takes seconds
+
+    try:
+        main(list(arguments))
+    finally:  # torchrun may finish as its workers die: the watch then exits this process
+        ending.acquire()
+
+
+def _reap() -> dict[int, int]:
+    """Reap this process's exited children; return their wait statuses by pid."""
+    statuses = {}
+    with contextlib.suppress(ChildProcessError):
+        while (reaped := os.waitpid(-1, os.WNOHANG))[0]:
+            statuses[reaped[0]] = reaped[1]
+    return statuses
 
 
 def _running_descendants() -> list[psutil.Process]:
     """Reap this process's exited children; return its descendants that still run."""
-    while True:
-        try:
-            if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                break
-        except ChildProcessError:
-            break
+    _reap()
     running = []
     for process in psutil.Process().children(recursive=True):
-        try:
+        with contextlib.suppress(psutil.Error):
             if process.status() != psutil.STATUS_ZOMBIE:
                 running.append(process)
-        except psutil.Error:
-            continue
     return running
 
 
-def _end_tree() -> None:
+def _end_run(caller_pid: int, folder: str) -> None:
     """SIGTERM every descendant, wait up to :data:`TERMINATE_GRACE_SECONDS` for them to exit,
-    then SIGKILL the rest (again while any is left, for at most 5 s) and reap them."""
-    for signum in _STOP_SIGNALS:  # nothing interrupts the cleanup
-        signal.signal(signum, signal.SIG_IGN)
-    _signal_each(_running_descendants(), signal.SIGTERM)
-    deadline = time.monotonic() + TERMINATE_GRACE_SECONDS
-    while _running_descendants() and time.monotonic() < deadline:
+    then SIGKILL the rest (again while any is left, for at most 5 s); remove ``folder`` if
+    launch()'s caller, ``caller_pid``, is gone (else launch() removes it)."""
+    kill_at = time.monotonic() + TERMINATE_GRACE_SECONDS
+    for process in _running_descendants():
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+    while (processes := _running_descendants()) and time.monotonic() < kill_at + 5.0:
+        if time.monotonic() >= kill_at:
+            for process in processes:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
         time.sleep(0.02)
-    deadline = time.monotonic() + 5.0
-    while (processes := _running_descendants()) and time.monotonic() < deadline:
-        _signal_each(processes, signal.SIGKILL)
-        time.sleep(0.02)
+    with contextlib.suppress(psutil.NoSuchProcess):  # (/proc/PID/stat: no AccessDenied)
+        if psutil.Process(caller_pid).status() != psutil.STATUS_ZOMBIE:
+            return
+    shutil.rmtree(folder, ignore_errors=True)
 
 
-def _signal_each(processes: list[psutil.Process], signum: int) -> None:
-    """Send ``signum`` to each of ``processes`` that is still there."""
-    for process in processes:
-        try:
-            process.send_signal(signum)
-        except psutil.Error:  # it is gone already
-            continue
+def _exit_orphaned(agent_pid: int) -> NoReturn:
+    """Exit this worker at once (code 1): its torchrun agent ``agent_pid`` is gone."""
+    print(f"torchrun agent (pid {agent_pid}) is gone; worker {os.getpid()} exits",
+          file=sys.stderr, flush=True)
+    os._exit(1)
 
 
-def _exit_as(status: int | None) -> NoReturn:
-    """Exit as the torchrun agent's wait ``status`` says (its signal raised again on this
-    process), or with code 1 if it has none (the run was stopped)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if status is not None and os.WIFSIGNALED(status):
-        signum = os.WTERMSIG(status)
-        if signum != signal.SIGKILL:  # SIGKILL has no handler to reset
-            signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-        os._exit(128 + signum)  # a signal that does not end a process by default
-    os._exit(1 if status is None else os.waitstatus_to_exitcode(status))
-
-
-def _run_torchrun(parent_pid: int, run_id: str, arguments: list[str]) -> None:
-    """Run torchrun's agent here (``torchrun ARGUMENTS``): its workers of run ``run_id`` learn
-    its pid; it gets SIGTERM (and stops them) when run_agent, ``parent_pid``, dies."""
-    os.environ[_AGENT_VARIABLE] = f"{run_id}:{os.getpid()}"
-    _die_with(parent_pid, signal.SIGTERM, lambda pid: os.kill(os.getpid(), signal.SIGTERM))
-    from torch.distributed.run import main  # after arming: importing torch takes seconds
-
-    main(arguments)
-
-
-def _exit_with_agent() -> None:
-    """Make this torchrun worker die with its agent (a SIGKILLed agent cannot stop it): the
-    agent's pid as launch()'s agent set it for this run, else this process's parent."""
-    run_id, _, agent_pid = os.environ.get(_AGENT_VARIABLE, "").partition(":")
-    if not agent_pid or run_id != os.environ.get("TORCHELASTIC_RUN_ID"):
-        agent_pid = str(os.getppid())
-    _die_with(int(agent_pid), signal.SIGKILL, _exit_orphaned)
+def _die_with_agent() -> None:
+    """Make this torchrun worker die with its agent (a SIGKILLed agent cannot stop it):
+    SIGKILL on its parent's death, armed FIRST, then exit at once if the parent already is
+    not the agent. The agent: the pid launch()'s agent exported for this run, else this
+    process's parent when this module was imported."""
+    run_id, _, pid = os.environ.get(_AGENT_VARIABLE, "").partition(":")
+    agent = int(pid) if pid and run_id == os.environ["TORCHELASTIC_RUN_ID"] else _PARENT_AT_IMPORT
+    if not _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL):
+        _when_orphaned(agent, lambda: _exit_orphaned(agent))
+    if os.getppid() != agent:  # it died before the signal was armed
+        _exit_orphaned(agent)
 
 
 def run_worker(main: Callable[[], int]) -> None:
@@ -224,9 +195,8 @@ def run_worker(main: Callable[[], int]) -> None:
     (what :func:`~gradaccum_lib.jobs.launch.launch` shows for the ranks that hang).
     """
     if "TORCHELASTIC_RUN_ID" in os.environ:
-        _exit_with_agent()
-        if hasattr(signal, "SIGUSR1"):
-            faulthandler.register(signal.SIGUSR1, all_threads=True)
+        _die_with_agent()
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         code = main()
     except SystemExit as exit_:

@@ -4,9 +4,8 @@ Distributed code runs under the real engine: :func:`launch` runs torchrun from a
 a test in a subprocess with its own session and a timeout, and returns what rank 0 wrote. Its
 errors carry the failing ranks' stderr and, on a timeout, the ranks that had not finished
 with their Python stacks. The subprocess is :func:`~gradaccum_lib.jobs.agent.run_agent`,
-which ends the run's whole process tree when the run ends, however it ends: on a timeout, an
-error, an interrupt, a signal to the caller, or the caller's death by SIGKILL ("Restart
-kernel"). The next launch() then removes that run's folder. A run whose workers join through
+which with torchrun's agent ends the run's whole process tree when the run ends, however it
+ends (:mod:`gradaccum_lib.jobs.agent`). A run whose workers join through
 ``init_distributed`` listens on loopback only. (``!torchrun`` in a cell never fails the cell
 and may not be on PATH; ``mp.spawn`` of a function defined in a notebook cannot pickle it;
 fork-based launchers can hang after torch has started threads.)
@@ -19,17 +18,15 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Collection
 from pathlib import Path
 
 import psutil
@@ -40,15 +37,10 @@ from .agent import TERMINATE_GRACE_SECONDS
 
 __all__ = ["LaunchError", "LaunchTimeout", "launch", "torchrun_command"]
 
-#: the name of each run's folder in the system temp dir starts so
-_RUN_FOLDER_PREFIX = "gradaccum-launch-"
-#: the file in a run's folder that records its owner: "PID CREATE_TIME PID_NAMESPACE"
-_OWNER_FILE = "owner"
 #: what launch() starts: agent.run_agent, which runs torchrun's agent; the package's parent
 #: folder comes last on its path, for a caller that added it
 _AGENT_ENTRY = ("import sys; sys.path.append(sys.argv[1]); "
-                "from gradaccum_lib.jobs.agent import run_agent; "
-                "run_agent(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:])")
+                "from gradaccum_lib.jobs.agent import run_agent; run_agent(*sys.argv[2:])")
 #: how much of each rank's stderr an error carries
 _TAIL_CHARS = 3000
 #: how often launch() records the run's new processes while it waits
@@ -108,39 +100,36 @@ def launch(
     private directory instead of TCP stores, which torch binds to every interface, and
     gloo/nccl use the loopback interface (``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``).
     Every process of the run is gone within about 2 s (SIGTERM, then SIGKILL) of a timeout, an
-    error, an interrupt (Ctrl-C, "Interrupt kernel"), SIGTERM/SIGHUP to this process (when
-    launch() runs in the main thread, for the signals not ignored; then the signal takes its
-    course with the caller's own handler: the default ends the process), or this process's
-    death by SIGKILL ("Restart kernel"), however slowly the workers handle SIGTERM. Raises
+    error, an interrupt (Ctrl-C, "Interrupt kernel"), this process's death however it dies
+    (SIGTERM, SIGKILL: "Restart kernel"), or the death of the run's supervisor or of
+    torchrun's agent, however slowly the workers handle SIGTERM. Raises
     :class:`LaunchTimeout` when the run takes longer than ``timeout_seconds``, and
     :class:`LaunchError` with the failing ranks' stderr tails (or how a signal ended the
-    agent) when it exits non-zero.
+    supervisor or the agent) when it exits non-zero.
     """
     check_positive_int("nproc_per_node", nproc_per_node)
     if timeout_seconds <= 0:
         raise ValueError(f"timeout_seconds must be > 0; got {timeout_seconds}")
     program = _program(module)
-    caller = os.getpid()
-    signals = _CallerSignals(lambda signum: LaunchError(
-        f"launch() of {module} was stopped by {signal.Signals(signum).name} to its caller (pid "
-        f"{caller}); the run's processes were killed", -signum, {}))
-    with signals, _run_folder() as folder:
-        run_id = uuid.uuid4().hex
-        process = subprocess.Popen(
-            [sys.executable, "-c", _AGENT_ENTRY, str(Path(__file__).resolve().parents[2]),
-             str(caller), run_id, str(folder / "agent_pid"),
-             *_torchrun_arguments(folder, run_id, nproc_per_node, [*program, *arguments])],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-            env=_environment(run_id, folder))
+    with tempfile.TemporaryDirectory(prefix="gradaccum-launch-",
+                                     ignore_cleanup_errors=True) as name:
+        folder, run_id = Path(name), uuid.uuid4().hex
+        with open(folder / "agent.log", "w") as log:  # the child holds its own copy
+            process = subprocess.Popen(
+                [sys.executable, "-c", _AGENT_ENTRY, str(Path(__file__).resolve().parents[2]),
+                 str(os.getpid()), name, run_id,
+                 *_torchrun_arguments(folder, run_id, nproc_per_node, [*program, *arguments])],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, env=_environment(run_id, folder))
         run = _RunProcesses(process, run_id, folder)
         try:
-            agent_stderr = run.wait(timeout_seconds)
+            run.wait(timeout_seconds)
         except subprocess.TimeoutExpired:
             raise _timeout_error(run, module, timeout_seconds) from None
         finally:
             run.close()
         if process.returncode != 0:
-            raise _exit_error(run, module, agent_stderr)
+            raise _exit_error(run, module, (folder / "agent.log").read_text(errors="replace"))
         if not (folder / "result.json").is_file():
             raise LaunchError(f"torchrun {module} succeeded but rank 0 wrote no JSON",
                               process.returncode, {}, process_ids=tuple(run.processes))
@@ -190,13 +179,21 @@ def _timeout_error(run: _RunProcesses, module: str, timeout_seconds: float) -> L
         process_ids=tuple(run.processes))
 
 
-def _exit_error(run: _RunProcesses, module: str, agent_stderr: str) -> LaunchError:
+def _exit_error(run: _RunProcesses, module: str, agent_log: str) -> LaunchError:
     """Return the error of a run that exited non-zero: the failing ranks' stderr tails, the
-    root cause's first, or how a signal ended torchrun's agent."""
-    returncode = run.supervisor.returncode
-    logs = _rank_logs(run.log_dir, "stderr")
+    root cause's first, or how a signal ended the supervisor or torchrun's agent."""
+    returncode, logs = run.supervisor.returncode, _rank_logs(run.log_dir, "stderr")
     failing = {r: log[-_TAIL_CHARS:] for r, log in logs.items() if "Traceback" in log}
-    death = _agent_death(run.agent_pid() or run.supervisor.pid, returncode, agent_stderr)
+    agent = f"the torchrun agent (pid {run.agent_pid()})"
+    death, match = None, _AGENT_SIGNAL.search(agent_log)
+    if returncode < 0:  # run_agent stops on SIGTERM/SIGHUP/SIGINT: this was another signal
+        death = (f"the run's supervisor run_agent (pid {run.supervisor.pid}) was killed by "
+                 f"{_signal_name(-returncode)}")
+    elif returncode > 128:  # run_agent exits 128 + N when signal N killed torchrun's agent
+        returncode = 128 - returncode
+        death = f"{agent} was killed by {_signal_name(-returncode)}"
+    elif match is not None:  # its handler raised, torchrun stopped the ranks
+        death = f"{agent} was stopped by {_signal_name(match.group(1))}"
     if death is not None:  # no rank failed on its own
         failing = failing or {r: log[-_TAIL_CHARS:] for r, log in logs.items() if log}
         root, cause = None, f"{death}; ranks with errors: {sorted(failing)}"
@@ -205,14 +202,14 @@ def _exit_error(run: _RunProcesses, module: str, agent_stderr: str) -> LaunchErr
         # the root cause: a rank that failed on its own, not because a peer died; else the
         # rank torchrun observed failing first
         own = sorted(r for r, log in failing.items() if not _PEER_FAILURE.search(log))
-        match = _ROOT_CAUSE.search(agent_stderr)
+        match = _ROOT_CAUSE.search(agent_log)
         root = own[0] if own else (int(match.group(1)) if match else None)
         cause = f"first failing rank: {root}; ranks with errors: {sorted(failing)}"
     order = sorted(failing, key=lambda r: (r != root, r))  # the root cause first
     details = "\n".join(f"--- rank {r} stderr (tail) ---\n{failing[r]}" for r in order)
     return LaunchError(
         f"torchrun {module} exited with code {returncode}; {cause}\n"
-        f"{details or agent_stderr[-_TAIL_CHARS:]}",
+        f"{details or agent_log[-_TAIL_CHARS:]}",
         returncode, failing, root, process_ids=tuple(run.processes))
 
 
@@ -236,18 +233,7 @@ def _signal_name(signum: int | str) -> str:
     """Return ``SIGTERM`` for 15 or "15"; a name as it is, another number as ``signal N``."""
     with contextlib.suppress(ValueError):
         return signal.Signals(int(signum)).name
-    return signum if isinstance(signum, str) and not signum.isdigit() else f"signal {signum}"
-
-
-def _agent_death(pid: int, returncode: int, agent_stderr: str) -> str | None:
-    """Return how a signal ended the torchrun agent ``pid``, or None if none did (run_agent
-    exits as its torchrun agent did)."""
-    if returncode < 0:
-        return f"the torchrun agent (pid {pid}) was killed by {_signal_name(-returncode)}"
-    match = _AGENT_SIGNAL.search(agent_stderr)  # its handler raised, torchrun stopped the ranks
-    if match is None:
-        return None
-    return f"the torchrun agent (pid {pid}) was stopped by {_signal_name(match.group(1))}"
+    return f"signal {signum}" if str(signum).isdigit() else str(signum)
 
 
 def _rank_logs(log_dir: Path, name: str) -> dict[int, str]:
@@ -315,18 +301,17 @@ class _RunProcesses:
                 if environment.get("TORCHELASTIC_RUN_ID") == self.run_id:  # once exec'd
                     self.worker_ranks[pid] = int(environment["RANK"])
 
-    def wait(self, timeout_seconds: float) -> str:
-        """Return the supervisor's stderr once it exits, recording processes meanwhile; raise
+    def wait(self, timeout_seconds: float) -> None:
+        """Wait for the supervisor to exit, recording processes meanwhile; raise
         ``subprocess.TimeoutExpired`` after ``timeout_seconds``."""
         deadline = time.monotonic() + timeout_seconds
         while True:
             self.refresh()
-            remaining = deadline - time.monotonic()
             try:
-                timeout = max(0.0, min(_POLL_SECONDS, remaining))
-                return self.supervisor.communicate(timeout=timeout)[1]
+                self.supervisor.wait(max(0.0, min(_POLL_SECONDS, deadline - time.monotonic())))
+                return
             except subprocess.TimeoutExpired:
-                if remaining <= _POLL_SECONDS:
+                if time.monotonic() >= deadline:
                     raise
 
     def unfinished_ranks(self) -> tuple[int, ...]:
@@ -354,23 +339,17 @@ class _RunProcesses:
 
     def kill(self) -> tuple[int, ...]:
         """Have the supervisor end the run (SIGTERM: it ends its tree within
-        :data:`~gradaccum_lib.jobs.agent.TERMINATE_GRACE_SECONDS` and exits; SIGTERM to each
-        recorded process if it has exited), SIGKILL what launch() recorded and is still alive
-        3 s after that grace; return the pids alive then."""
+        :data:`~gradaccum_lib.jobs.agent.TERMINATE_GRACE_SECONDS` and exits; torchrun's agent
+        does if the supervisor is dead), SIGKILL what launch() recorded and is still alive 1 s
+        after that grace, and again 5 s later; return the pids alive then."""
         self.refresh()
         if self.supervisor.poll() is None:
-            with contextlib.suppress(OSError):
-                self.supervisor.send_signal(signal.SIGTERM)
-        else:  # what is left escaped the supervisor (no subreaper: not Linux)
-            for process in self.processes.values():
-                with contextlib.suppress(psutil.Error):
-                    process.terminate()
-        for seconds in (TERMINATE_GRACE_SECONDS + 3.0, 5.0):
+            self.supervisor.terminate()
+        for seconds in (TERMINATE_GRACE_SECONDS + 1.0, 5.0):
             deadline = time.monotonic() + seconds
             while time.monotonic() < deadline:
                 self.supervisor.poll()  # reap it
-                alive = [process for process in self.processes.values() if _is_alive(process)]
-                if not alive:
+                if not any(_is_alive(process) for process in self.processes.values()):
                     return ()
                 time.sleep(0.05)
             self.refresh()
@@ -380,129 +359,13 @@ class _RunProcesses:
         return tuple(process.pid for process in self.processes.values() if _is_alive(process))
 
     def close(self) -> None:
-        """Kill what is left of the run (warn about any process that survives) and close the
-        supervisor's pipes."""
+        """Kill what is left of the run; warn about any process that survives."""
         survivors = self.kill()
         if survivors:
             warnings.warn(f"processes {list(survivors)} of a torchrun run survived SIGKILL",
                           RuntimeWarning, stacklevel=3)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.supervisor.wait(timeout=1.0)
-        for stream in (self.supervisor.stdout, self.supervisor.stderr):
-            if stream is not None:
-                stream.close()
-
-
-class _Signalled(BaseException):
-    """Raised in the caller's main thread by :class:`_CallerSignals` on SIGTERM or SIGHUP."""
-
-
-class _CallerSignals:
-    """``with _CallerSignals(make_error):`` around a run: SIGTERM and SIGHUP raise inside the
-    block like Ctrl-C does (so its cleanup runs); on leaving, the caller's own handlers are
-    back and the signal is raised again with them (the default ends the process). If the
-    process survives that (its handler returned), ``make_error(signum)`` is raised.
-
-    Only in the main thread (Python runs handlers there only) and only for a signal whose
-    handler Python set and does not ignore (``nohup`` keeps SIGHUP ignored); elsewhere the
-    caller dies as before and run_agent, notified by its parent-death signal, ends the run.
-    """
-
-    NAMES = ("SIGTERM", "SIGHUP")
-
-    def __init__(self, make_error: Callable[[int], BaseException]) -> None:
-        self.make_error = make_error
-        self.previous: dict[int, object] = {}
-        self.received: int | None = None
-        self.leaving = False
-
-    def _handle(self, signum: int, frame: object) -> None:
-        first = self.received is None
-        self.received = self.received or signum
-        if first and not self.leaving:  # a second signal must not interrupt the cleanup
-            raise _Signalled(signum)
-
-    def __enter__(self) -> _CallerSignals:
-        if threading.current_thread() is not threading.main_thread():
-            return self
-        for name in self.NAMES:
-            signum = getattr(signal, name, None)
-            previous = None if signum is None else signal.getsignal(signum)
-            if previous is not None and previous != signal.SIG_IGN:
-                self.previous[signum] = previous
-                signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> bool:
-        self.leaving = True
-        for signum, previous in self.previous.items():
-            if signal.getsignal(signum) == self._handle:  # not if someone else took the slot
-                signal.signal(signum, previous)
-        self.previous.clear()
-        if self.received is None:
-            return False
-        signal.raise_signal(self.received)  # the caller's handler; the default ends it here
-        raise self.make_error(self.received) from None
-
-
-def _pid_namespace() -> str:
-    """Return this process's pid namespace (Linux), else ``-``: pids mean something only in
-    the namespace that wrote them."""
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return "-"
-
-
-def _owner_is_gone(folder: Path) -> bool:
-    """Return True if ``folder``'s recorded owner process no longer runs (a zombie counts
-    as gone); False if it runs or nothing tells (no owner file, another pid namespace)."""
-    try:
-        pid, created, namespace = (folder / _OWNER_FILE).read_text().split(" ", 2)
-        process = psutil.Process(int(pid))
-    except psutil.NoSuchProcess:
-        return namespace == _pid_namespace()
-    except (OSError, ValueError, psutil.Error):
-        return False
-    if namespace != _pid_namespace():
-        return False
-    try:  # another process with the same pid started later: the owner is gone
-        return (process.status() == psutil.STATUS_ZOMBIE
-                or abs(process.create_time() - float(created)) > 0.5)
-    except psutil.NoSuchProcess:
-        return True
-    except psutil.Error:
-        return False
-
-
-def _remove_orphaned_run_folders() -> list[Path]:
-    """Remove this user's run folders in the system temp dir whose owner is dead; return them."""
-    removed = []
-    for folder in Path(tempfile.gettempdir()).glob(f"{_RUN_FOLDER_PREFIX}*"):
-        try:
-            if folder.is_symlink() or not folder.is_dir() or folder.stat().st_uid != os.getuid():
-                continue
-        except OSError:
-            continue
-        if _owner_is_gone(folder):
-            shutil.rmtree(folder, ignore_errors=True)
-            if not folder.exists():
-                removed.append(folder)
-    return removed
-
-
-@contextlib.contextmanager
-def _run_folder() -> Iterator[Path]:
-    """Yield a new private run folder that records its owner (this process); remove it after."""
-    _remove_orphaned_run_folders()
-    with tempfile.TemporaryDirectory(prefix=_RUN_FOLDER_PREFIX,
-                                     ignore_cleanup_errors=True) as name:
-        folder = Path(name)
-        me = psutil.Process()
-        (folder / f"{_OWNER_FILE}.new").write_text(
-            f"{me.pid} {me.create_time()!r} {_pid_namespace()}")
-        os.replace(folder / f"{_OWNER_FILE}.new", folder / _OWNER_FILE)  # never read half-written
-        yield folder
 
 
 def torchrun_command(
@@ -514,7 +377,8 @@ def torchrun_command(
     rdzv_endpoint: str | None = None,
     rdzv_id: str = "gradaccum",
 ) -> str:
-    """Return the torchrun command line to run ``module`` on one node (``--standalone``) or,
+    """Return the torchrun command line to run ``module`` (a module name, or a script path
+    ending in ``.py``) on one node (``--standalone``) or,
     the same line on every node, on ``nnodes`` nodes meeting at the c10d rendezvous
     ``rdzv_endpoint`` (host:port of any one of them).
     """
@@ -528,4 +392,4 @@ def torchrun_command(
         launcher = [f"--nnodes={nnodes}", "--rdzv-backend=c10d",
                     f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
     return shlex.join(["torchrun", *launcher, f"--nproc_per_node={nproc_per_node}",
-                       "-m", module, *arguments])
+                       *_program(module), *arguments])
