@@ -11,18 +11,19 @@ README-gpu.md (the README's CUDA section and a `gpu` column for README.md's note
    allocator's peak (``torch.cuda.max_memory_allocated`` via ``memory.cuda_peak_bytes``), its
    growth over what was allocated before the step, and the step's tensors counted as on the CPU
    (``memory.tensor_peak_bytes``);
-2. the engine's fp32, bf16 and fp16 + GradScaler paths against the fp32 ground truth
+2. the loop's (``accumulate_window``) fp32, bf16 and fp16 + GradScaler paths against the fp32
+   ground truth
    (``equivalence.audit_update``: one SGD step from the full-batch fp32 gradient), at k = 1
    and k > 1, each asserted within a stated tolerance (``TOLERANCES``);
 3. time per sample against micro-batch size (benchmarks/run.py's ``micro_batch_time``);
 4. the library's loop against the bare nanoGPT loop and Accelerate (run.py's
    ``loop_overhead``);
-5. the code readers copy, under nccl (one process per GPU, at most 4): 00's card loops
-   (``train_window``: the large batch's step to 1e-12 in float64; ``train_window_fp16`` with a
-   GradScaler: within 1% of the fp32 update) and 05's plain DDP loop against the engine's
-   run (``gradaccum_lib.jobs.ddp``, the same samples and split: 1e-12), each launched as the
-   notebooks launch them;
-6. DDP's own gradient memory per k (``gradaccum_lib.jobs.memory_probe``): bytes held after a
+5. the code readers copy, under nccl (one process per GPU, at most 4): 00's card program
+   (``accumulate_window``: the large batch's step to 1e-12 in float64; in fp16 with a
+   GradScaler: within 1% of the fp32 update) and 05's plain DDP loop against
+   ``accumulate_window``'s run (``scripts/ddp.py``, the same samples and split: 1e-12), each
+   launched as the notebooks launch them;
+6. DDP's own gradient memory per k (``scripts/memory_probe.py``): bytes held after a
    window's last backward with DDP's default and with ``gradient_as_bucket_view=True``,
    counted and by the CUDA allocator, against the budget model's bucket copy
    (``memory_budget(..., ddp_bucket_copy=True)``);
@@ -60,6 +61,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
 NOTEBOOKS = ROOT / "notebooks"
+SCRIPTS = ROOT / "scripts"
 NO_CUDA_EXIT = 2  # the exit status without a CUDA device
 FAILED_EXIT = 1  # the exit status when a precision check is outside its tolerance
 GPU_START, GPU_END = "<!-- gpu-cuda-section:start -->", "<!-- gpu-cuda-section:end -->"
@@ -75,7 +77,7 @@ REHEARSAL_MODELS: dict[str, dict[str, int]] = {
     "small BERT (rehearsal)": {"hidden_size": 32, "num_layers": 2, "num_heads": 2},
 }
 
-#: the engine's precisions: autocast dtype (fp16 gets a GradScaler on CUDA)
+#: the loop's precisions: autocast dtype (fp16 gets a GradScaler on CUDA)
 AMP_DTYPES: dict[str, torch.dtype | None] = {
     "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -97,7 +99,7 @@ TOLERANCES: dict[str, float] = {
     # small gradients above fp16's underflow; measured 2e-3 to 5e-3 on a CPU.
     "fp16": 2e-2,
 }
-#: accumulating k micro-batches in the engine's fp32 .grad buffers must not add error to
+#: accumulating k micro-batches in the loop's fp32 .grad buffers must not add error to
 #: autocast's own: the error at k may be at most this many times the error at k = 1 (each is
 #: a different draw of rounding, on different GEMM shapes), plus the fp32 tolerance
 ACCUMULATION_SLACK = 2.0
@@ -152,9 +154,9 @@ def reader_code_checks(world_size: int, device: torch.device) -> tuple[dict, lis
     """Run 00's card program and 05's plain DDP loop as the notebooks write them, under
     torchrun with ``world_size`` processes (nccl on GPUs, gloo on a CPU), against the truth;
     return the measured differences and a message per failure."""
-    import runpy
-
+    from gradaccum_lib.accumulation import accumulate_window
     from gradaccum_lib.jobs.launch import launch
+    from gradaccum_lib.losses import sample_classification_loss
     from gradaccum_lib.workloads.data import make_toy_classification
     from gradaccum_lib.workloads.models import make_mlp
 
@@ -165,12 +167,11 @@ def reader_code_checks(world_size: int, device: torch.device) -> tuple[dict, lis
         card.write_text(written_program("00_the_article.ipynb", "answer_loop.py"))
         plain = Path(folder) / "plain_ddp_loop.py"
         plain.write_text(written_program("05_ddp_torchrun.ipynb", "plain_ddp_loop.py"))
-        loops = runpy.run_path(str(card))
         ranks = launch(str(card), [], nproc_per_node=world_size, timeout_seconds=300)
         k = 4 // world_size  # 05's splits: 4 x 1, 2 x 2, 1 x 4 (micro-batch 2, 28 samples)
         plain_run = launch(str(plain), ["ddp", str(k)], nproc_per_node=world_size,
                            timeout_seconds=300)
-    engine_run = launch("gradaccum_lib.jobs.ddp", [
+    loop_run = launch(str(SCRIPTS / "ddp.py"), [
         "--task", "tokens", "--micro-batch-size", "2", "--samples", "28", "--steps", "8",
         "--steps-per-epoch", "4", "--optimizer", "adamw", "--lr", "0.01", "--dump-parameters",
         "--accumulation-steps", str(k), "--wrap", "ddp"], nproc_per_node=world_size,
@@ -181,22 +182,21 @@ def reader_code_checks(world_size: int, device: torch.device) -> tuple[dict, lis
         model = make_mlp(16, 32, 4, seed=1, dtype=dtype).to(device)
         start = torch.cat([p.detach().flatten() for p in model.parameters()]).cpu()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-        loops["train_window"](model, optimizer,
-                              torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0),
-                              [(inputs.to(device, dtype), labels.to(device))])
+        accumulate_window(model, optimizer, [(inputs.to(device, dtype), labels.to(device))],
+                          sample_classification_loss, max_grad_norm=1.0)  # as the card
         truth[dtype] = start, torch.cat([p.detach().flatten() for p in model.parameters()]).cpu()
     checks = {  # name: (measured, bound, must be below the bound)
-        "train_window: largest difference to the large batch's step (float64)": (
-            (torch.tensor(ranks["train_window"], dtype=torch.float64)
+        "accumulate_window: largest difference to the large batch's step (float64)": (
+            (torch.tensor(ranks["accumulate_window"], dtype=torch.float64)
              - truth[torch.float64][1]).abs().max().item(),
             1e-12, True),
-        "train_window_fp16: update off the fp32 large batch's, relative": (
-            _relative_off(ranks["train_window_fp16"], *truth[torch.float32]), 0.01, True),
+        "fp16 with a GradScaler: update off the fp32 large batch's, relative": (
+            _relative_off(ranks["fp16"], *truth[torch.float32]), 0.01, True),
         "mean / k shortcut: update off the large batch's, relative (must be large)": (
             _relative_off(ranks["mean / k"], *truth[torch.float64]), 0.01, False),
-        "05's plain DDP loop: largest difference to the engine's run": (
+        "05's plain DDP loop: largest difference to accumulate_window's run": (
             max(abs(a - b) for a, b in zip(plain_run["final_parameters"],
-                                           engine_run["final_parameters"], strict=True)),
+                                           loop_run["final_parameters"], strict=True)),
             1e-12, True),
     }
     results["checks"] = []
@@ -226,7 +226,7 @@ def ddp_memory_checks(rehearsal: bool) -> tuple[list[dict], list[str]]:
 
     sizes = ["--ks", "1", "2", "4"] if rehearsal else [
         "--input-dim", "1024", "--hidden-dim", "4096", "--ks", "1", "2", "4", "8"]
-    probe = launch("gradaccum_lib.jobs.memory_probe", sizes, nproc_per_node=1,
+    probe = launch(str(SCRIPTS / "memory_probe.py"), sizes, nproc_per_node=1,
                    timeout_seconds=300)
     rows, failures = [], []
     for pair in probe["ddp_per_k"]:
@@ -395,26 +395,22 @@ def _release_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def engine_step(accumulation_steps: int, amp_dtype: torch.dtype | None,
-                skipped_steps: list[int]) -> Callable:
-    """Return a step function for ``audit_update``: the engine over the window until it takes
-    its step. fp16 on CUDA may overflow while GradScaler finds its scale: such a step is
-    skipped (parameters untouched, scale halved) and the same window is run again; the number
-    skipped is appended to ``skipped_steps``."""
-    from gradaccum_lib.accumulation import AccumulationTrainer
+def loop_step(amp_dtype: torch.dtype | None, skipped_steps: list[int]) -> Callable:
+    """Return a step function for ``audit_update``: ``accumulate_window`` over the window until
+    it takes its step. fp16 on CUDA runs with a GradScaler, which may find the gradients
+    overflow while it settles on its scale: such a step is skipped (parameters untouched, scale
+    halved) and the same window is run again; the number skipped is appended to
+    ``skipped_steps``."""
+    from gradaccum_lib.accumulation import accumulate_window
     from gradaccum_lib.losses import bert_classification_loss
 
     def step(model: torch.nn.Module, micro_batches: list, make_optimizer: Callable) -> None:
-        trainer = AccumulationTrainer(model, bert_classification_loss,
-                                      make_optimizer(model.parameters()),
-                                      accumulation_steps=accumulation_steps,
-                                      amp_dtype=amp_dtype, progress=False)
+        optimizer = make_optimizer(model.parameters())
+        cuda = next(model.parameters()).device.type == "cuda"
+        scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 and cuda else None
         skipped = 0
-        while True:
-            scale = trainer.scaler.get_scale() if trainer.scaler is not None else None
-            trainer.step_window(micro_batches)
-            if scale is None or trainer.scaler.get_scale() >= scale:
-                break
+        while not accumulate_window(model, optimizer, micro_batches, bert_classification_loss,
+                                    scaler=scaler, autocast_dtype=amp_dtype).stepped:
             skipped += 1
             if skipped > MAX_SKIPPED_STEPS:
                 raise RuntimeError(f"GradScaler skipped {skipped} steps in a row: the fp16 "
@@ -426,7 +422,7 @@ def engine_step(accumulation_steps: int, amp_dtype: torch.dtype | None,
 
 def precision_rows(name: str, model: torch.nn.Module, batch: dict, k: int,
                    precisions: Sequence[str] = tuple(AMP_DTYPES)) -> list[dict]:
-    """Return, per precision and for k = 1 and ``k``, how one engine step's parameter update
+    """Return, per precision and for k = 1 and ``k``, how one loop step's parameter update
     compares with the fp32 truth's (one SGD step from the full-batch fp32 gradient)."""
     from gradaccum_lib import split_into_micro_batches
     from gradaccum_lib.equivalence import audit_update
@@ -438,7 +434,7 @@ def precision_rows(name: str, model: torch.nn.Module, batch: dict, k: int,
             raise ValueError(f"precisions must be among {sorted(AMP_DTYPES)}; got {precision!r}")
         for steps in sorted({1, k}):
             skipped: list[int] = []
-            result = audit_update(engine_step(steps, AMP_DTYPES[precision], skipped), model,
+            result = audit_update(loop_step(AMP_DTYPES[precision], skipped), model,
                                   bert_classification_loss,
                                   split_into_micro_batches(batch, accumulation_steps=steps),
                                   lambda parameters: torch.optim.SGD(parameters, lr=0.1))
@@ -591,8 +587,8 @@ def cuda_markdown(results: Mapping) -> str:
         lambda model, row: f"{model['parameters']:,} | {row['k']} | {row['micro_batch_size']} | "
         f"{_mib(row['cuda_peak_bytes'])} | {_mib(row['cuda_growth_bytes'])} | "
         f"{_mib(row['tensor_peak_bytes'])} | {_mib(row['activation_bytes'])}")
-    lines += ["", f"**Precision against the fp32 truth**: one SGD step of the engine against "
-              "one from the full-batch fp32 gradient (`audit_update`), relative "
+    lines += ["", "**Precision against the fp32 truth**: one SGD step of `accumulate_window` "
+              "against one from the full-batch fp32 gradient (`audit_update`), relative "
               "update difference; tolerances fp32 "
               f"{TOLERANCES['fp32']:g}, bf16 {TOLERANCES['bf16']:g}, fp16 "
               f"{TOLERANCES['fp16']:g}, and at k > 1 at most {ACCUMULATION_SLACK:g}× the k = 1 "
@@ -769,7 +765,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(message, file=sys.stderr)
             return NO_CUDA_EXIT
     device = torch.device("cpu" if rehearsal else "cuda")
-    # fp32 means fp32: no TF32 matmuls for the ground truth and the fp32 engine (the default;
+    # fp32 means fp32: no TF32 matmuls for the ground truth and the fp32 loop (the default;
     # set here so that nothing imported before can have changed it)
     torch.set_float32_matmul_precision("highest")
     torch.manual_seed(0)

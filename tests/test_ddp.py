@@ -1,4 +1,5 @@
-"""DDP under a real torchrun (2 gloo processes): equivalence, communication, failures."""
+"""DDP under a real torchrun (2 gloo processes): equivalence, communication, failures
+(scripts/ddp.py runs accumulate_window under DDP and FSDP2)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_loader import ROOT, load_script
 
-from gradaccum_lib.jobs import ddp
 from gradaccum_lib.jobs.launch import LaunchError, LaunchTimeout, launch
 
+ddp = load_script("scripts/ddp.py")
+DDP = str(ROOT / "scripts" / "ddp.py")
 BASE = ["--accumulation-steps", "4", "--micro-batch-size", "4", "--steps", "3"]
 WORKERS = Path(__file__).resolve().parent / "workers"
 HANG_WORKER = str(WORKERS / "hang.py")
@@ -28,7 +31,7 @@ def _no_workers_left(error: LaunchError) -> bool:
             process = psutil.Process(pid)
             return process.status() != psutil.STATUS_ZOMBIE and any(
                 name in " ".join(process.cmdline())
-                for name in ("gradaccum_lib.jobs.ddp", "hang.py", "torch.distributed.run"))
+                for name in (DDP, "hang.py", "torch.distributed.run"))
         except psutil.Error:
             return False
 
@@ -39,7 +42,7 @@ def _no_workers_left(error: LaunchError) -> bool:
 
 @pytest.fixture(scope="module")
 def window_run():
-    return launch("gradaccum_lib.jobs.ddp", [*BASE, "--sync", "window"], nproc_per_node=2,
+    return launch(DDP, [*BASE, "--sync", "window"], nproc_per_node=2,
                   timeout_seconds=180)
 
 
@@ -52,7 +55,7 @@ def test_ddp_with_accumulation_equals_one_large_batch(window_run):
 
 
 def test_sync_once_per_window_vs_every_micro_step(window_run):
-    every = launch("gradaccum_lib.jobs.ddp", [*BASE, "--sync", "every"], timeout_seconds=180)
+    every = launch(DDP, [*BASE, "--sync", "every"], timeout_seconds=180)
     assert every["max_difference_to_single_process"] <= 1e-12
     parameter_bytes = window_run["parameter_bytes"]
     for step in window_run["per_step"]:
@@ -66,7 +69,8 @@ CROSS_RANK = """\
 import json, os, sys
 import torch, torch.distributed as dist
 from gradaccum_lib.distributed import init_distributed
-from gradaccum_lib.jobs.ddp import cross_rank_difference
+sys.path.insert(0, SCRIPTS)
+from ddp import cross_rank_difference
 init_distributed()
 model = torch.nn.Linear(3, 2, dtype=torch.float64)
 torch.nn.init.constant_(model.weight, 1.0)
@@ -84,12 +88,12 @@ os._exit(0)
 
 
 def test_cross_rank_difference_is_the_largest_gap_to_rank_0_over_all_ranks(tmp_path):
-    # notebook 05's trap programs read it: 0.0 only when every rank holds rank 0's parameters
+    # scripts/ddp.py checks every step with it: 0.0 only when every rank holds rank 0's
     import torch
 
     assert ddp.cross_rank_difference(torch.nn.Linear(2, 2)) == 0.0  # one process, no group
     script = tmp_path / "cross_rank.py"
-    script.write_text(CROSS_RANK)
+    script.write_text(CROSS_RANK.replace("SCRIPTS", repr(str(ROOT / "scripts"))))
     result = launch(str(script), [], nproc_per_node=3, timeout_seconds=180)
     assert result == {"same": 0.0, "apart": 0.5}  # rank 2's bias entry, 2 x 0.25
 
@@ -117,9 +121,9 @@ def test_a_hanging_launch_is_killed_at_the_timeout(tmp_path):
 
 def test_launch_rejects_bad_arguments():
     with pytest.raises(ValueError, match="nproc_per_node must be a positive int; got 0"):
-        launch("gradaccum_lib.jobs.ddp", BASE, nproc_per_node=0)
+        launch(DDP, BASE, nproc_per_node=0)
     with pytest.raises(ValueError, match="timeout_seconds must be > 0"):
-        launch("gradaccum_lib.jobs.ddp", BASE, timeout_seconds=0)
+        launch(DDP, BASE, timeout_seconds=0)
 
 
 def test_program_falls_back_to_one_process_without_torchrun(tmp_path, monkeypatch):
@@ -146,7 +150,7 @@ def test_program_rejects_bad_command_lines(capsys):
     assert "unrecognized arguments: --trap" in capsys.readouterr().err
 
 
-# The engine under DDP and FSDP2: one global window of 8 sequences (micro-batch 2) run as
+# The loop under DDP and FSDP2: one global window of 8 sequences (micro-batch 2) run as
 # k = 4 x 1 process, k = 2 x 2 processes, k = 1 x 4 processes and FSDP2 k = 2 x 2; a token
 # loss over sequences of 1..24 real tokens (uneven counts across micro-batches AND ranks),
 # 28 samples (3 full windows + a partial one of 4 sequences), 2 epochs, AdamW, float64.
@@ -160,12 +164,12 @@ def three_way_runs():
     runs = {}
     for steps, processes, wrap in ((4, 1, "ddp"), (2, 2, "ddp"), (1, 4, "ddp"), (2, 2, "fsdp2")):
         runs[steps, processes, wrap] = launch(
-            "gradaccum_lib.jobs.ddp", ["--accumulation-steps", str(steps), "--wrap", wrap,
-                                  *THREE_WAY], nproc_per_node=processes, timeout_seconds=300)
+            DDP, ["--accumulation-steps", str(steps), "--wrap", wrap, *THREE_WAY],
+            nproc_per_node=processes, timeout_seconds=300)
     return runs
 
 
-def test_engine_gives_the_same_parameters_for_any_split_of_the_global_window(three_way_runs):
+def test_the_loop_gives_the_same_parameters_for_any_split_of_the_global_window(three_way_runs):
     reference = three_way_runs[4, 1, "ddp"]
     assert reference["history"]["items"][3] < reference["history"]["items"][0]  # partial window
     for key, run in three_way_runs.items():
@@ -180,19 +184,19 @@ def test_engine_gives_the_same_parameters_for_any_split_of_the_global_window(thr
         assert difference <= 1e-12, (key, difference)
 
 
-def test_engine_refuses_a_plain_model_under_a_process_group(tmp_path):
-    # the engine on an UNWRAPPED model with 2 ranks would never sync: refused, not drifting
+def test_the_loop_refuses_a_plain_model_under_a_process_group(tmp_path):
+    # the loop on an UNWRAPPED model with 2 ranks would never sync: refused, not drifting
     script = tmp_path / "plain.py"
     script.write_text(
         "import torch, torch.distributed as dist\n"
-        "from gradaccum_lib.accumulation import AccumulationTrainer\n"
+        "from gradaccum_lib.accumulation import accumulate_window\n"
         "from gradaccum_lib.losses import sample_classification_loss\n"
         "dist.init_process_group('gloo')\n"
         "model = torch.nn.Linear(2, 2)\n"
+        "window = [(torch.ones(2, 2), torch.tensor([0, 1]))]\n"
         "try:\n"
-        "    AccumulationTrainer(model, sample_classification_loss,\n"
-        "                        torch.optim.SGD(model.parameters(), lr=0.1),\n"
-        "                        accumulation_steps=2)\n"
+        "    accumulate_window(model, torch.optim.SGD(model.parameters(), lr=0.1), window,\n"
+        "                      sample_classification_loss)\n"
         "except ValueError as error:\n"
         "    print('REFUSED', error)\n"
         "dist.destroy_process_group()\n")
@@ -216,7 +220,7 @@ def _largest_difference(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
-def test_a_users_comm_hook_stays_in_place_and_the_engine_stays_exact_beside_it():
+def test_a_users_comm_hook_stays_in_place_and_the_loop_stays_exact_beside_it():
     result = launch(str(WORKERS / "user_hooks.py"), [], nproc_per_node=2, timeout_seconds=180)
     reference = result["reference"]
     for how in ("no hook", "counter", "PowerSGD", "bucket view", "PowerSGD, bucket view"):
@@ -224,19 +228,18 @@ def test_a_users_comm_hook_stays_in_place_and_the_engine_stays_exact_beside_it()
         assert run["items"] == [32.0, 32.0, 32.0]  # 12 + 20: the global count, not 2 x 12
         assert _largest_difference(run["parameters"], reference) <= 1e-12, how
 
-    # the engine's own collectives: one all-reduce a window, for its totals (and at the first
-    # window one for the common provisional normaliser); DDP's built-in C++ hook is not seen
-    # here, a Python hook's all-reduce of the gradient's one bucket is
+    # the loop's own collectives: one all-reduce a window, for its totals; DDP's built-in C++
+    # hook is not seen here, a Python hook's all-reduce of the gradient's one bucket is
     for how in ("no hook", "bucket view"):
-        assert result[how]["all_reduces_per_window"] == [2, 1, 1], how
+        assert result[how]["all_reduces_per_window"] == [1, 1, 1], how
     for how in ("counter", "fp16 compress", "PowerSGD", "PowerSGD, bucket view"):
-        assert result[how]["all_reduces_per_window"] == [3, 2, 2], how
+        assert result[how]["all_reduces_per_window"] == [2, 2, 2], how
     # the user's counting hook ran once per window: one synchronising backward pass
     assert result["counter"]["hook_syncs_per_window"] == [1, 1, 1]
-    # fp16 compression, the user's choice, rounds the gradient; the engine adds nothing to it
+    # fp16 compression, the user's choice, rounds the gradient; the loop adds nothing to it
     assert _largest_difference(result["fp16 compress"]["parameters"], reference) < 1e-3
     assert result["fp16 compress"]["items"] == [32.0, 32.0, 32.0]
-    # the engine took no slot: free without a user hook, the user's hook still there otherwise
+    # the loop took no slot: free without a user hook, the user's hook still there otherwise
     assert result["no hook"]["slot_after"] == "free"
     assert result["bucket view"]["slot_after"] == "free"
     for how in ("counter", "fp16 compress", "PowerSGD", "PowerSGD, bucket view"):
@@ -244,48 +247,36 @@ def test_a_users_comm_hook_stays_in_place_and_the_engine_stays_exact_beside_it()
     # a NaN on rank 1: both ranks raise (rank 1 names its micro-batch), no step anywhere
     nan = result["nan"]
     assert "another rank" in nan["raised"][0] and "micro-batch 1" in nan["raised"][1]
-    assert not nan["stepped"] and nan["optimizer_steps"] == 0
+    assert not nan["stepped"]
 
 
-def test_skipped_sync_turns_ddps_flag_off_and_restores_it(tmp_path):
+def test_the_sync_helper_skips_ddps_sync_and_sets_fsdp2s_flag(tmp_path):
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from gradaccum_lib.accumulation import _SkippedSync as SkippedSync  # the engine's own
-    from gradaccum_lib.accumulation import _sync_kind as gradient_sync_kind
+    from gradaccum_lib.accumulation import _gradient_sync
     from gradaccum_lib.measure.comm import CommCounter
 
-    assert gradient_sync_kind(torch.nn.Linear(2, 2)) == "none"
+    class Fsdp2Like(torch.nn.Linear):  # what the helper looks for on an FSDP2 module
+        def set_requires_gradient_sync(self, requires: bool) -> None:
+            self.requires = requires
+
+    sharded = Fsdp2Like(2, 2)
+    for sync in (False, True):
+        with _gradient_sync(sharded, sync):
+            assert sharded.requires is sync
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         model = DistributedDataParallel(torch.nn.Linear(2, 2))
-        assert gradient_sync_kind(model) == "ddp"
         counter = CommCounter()
         counter.register(model)
         assert counter.group is model.process_group  # it averages over the model's group
-        skipped = SkippedSync(model)
-        for _ in range(2):  # reusable
-            with skipped:
-                assert model.require_backward_grad_sync is False
+        for sync in (False, True):  # the flag is set before the forward, as the loop does
+            with _gradient_sync(model, sync):
                 model(torch.ones(1, 2)).sum().backward()
-            assert model.require_backward_grad_sync is True
-        assert counter.take()["syncs"] == 0  # no backward inside it synchronised
-        model(torch.ones(1, 2)).sum().backward()
-        assert counter.take()["syncs"] == 1
-        with pytest.raises(RuntimeError, match="inside"), skipped:
-            raise RuntimeError("inside")
-        assert model.require_backward_grad_sync is True  # restored on an error too
-        with skipped:
-            with skipped:  # nested: each exit restores what its enter found
-                assert model.require_backward_grad_sync is False
-            assert model.require_backward_grad_sync is False
-        assert model.require_backward_grad_sync is True
-        model.require_backward_grad_sync = False  # a caller's own setting is kept
-        with skipped:
-            pass
-        assert model.require_backward_grad_sync is False
+            assert counter.take()["syncs"] == int(sync)
+        assert model.require_backward_grad_sync is True  # no_sync() restored it
     finally:
         dist.destroy_process_group()
-

@@ -243,7 +243,8 @@ def test_cpu_rehearsal_measures_every_part_and_writes_the_files(tmp_path, capsys
     reader = results["reader_code"]  # the card's program and 05's plain loop, 2 gloo ranks
     assert reader["world_size"] == 2 and reader["device"] == "cpu"
     assert [row["check"].split(":")[0] for row in reader["checks"]] == [
-        "train_window", "train_window_fp16", "mean / k shortcut", "05's plain DDP loop"]
+        "accumulate_window", "fp16 with a GradScaler", "mean / k shortcut",
+        "05's plain DDP loop"]
     assert all(row["ok"] for row in reader["checks"])
     assert results["compiled_accumulation"] == {  # CUDA graphs: not rehearsed on the CPU
         "skipped": 'needs CUDA: mode="reduce-overhead" records CUDA graphs'}
@@ -253,13 +254,14 @@ def test_cpu_rehearsal_measures_every_part_and_writes_the_files(tmp_path, capsys
         assert row["cuda_copy_bytes"] is None
     readme = (tmp_path / "README-gpu.md").read_text()
     assert "CPU REHEARSAL" in readme and readme in capsys.readouterr().out
-    assert "| train_window: largest difference to the large batch's step (float64) |" in readme
+    assert ("| accumulate_window: largest difference to the large batch's step (float64) |"
+            in readme)
     assert "**DDP's bucket copy of the gradients**" in readme
     assert 'Skipped: needs CUDA: mode="reduce-overhead" records CUDA graphs.' in readme
     assert (tmp_path / "results-gpu.png").read_bytes().startswith(b"\x89PNG")
 
 
-def test_the_engine_step_of_the_audit_reaches_the_fp32_truth_and_counts_no_skips():
+def test_the_loop_step_of_the_audit_reaches_the_fp32_truth_and_counts_no_skips():
     notes = gpu_check.encoded_notes(4, 16, "cpu")
     make_model = gpu_check.model_factory({"hidden_size": 16, "num_layers": 1, "num_heads": 2},
                                          16, "cpu")

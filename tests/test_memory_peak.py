@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import gc
+from collections.abc import Callable
 
 import pytest
 import torch
 
 from gradaccum_lib import split_into_micro_batches
-from gradaccum_lib.accumulation import AccumulationTrainer
+from gradaccum_lib.accumulation import accumulate_window
 from gradaccum_lib.losses import sample_classification_loss
 from gradaccum_lib.measure.memory import activation_bytes, static_bytes, tensor_peak_bytes
 from gradaccum_lib.workloads.data import make_toy_classification
@@ -42,32 +44,33 @@ def test_a_storage_freed_and_reallocated_is_counted_once_at_a_time():
     assert tensor_peak_bytes(step) == 1024
 
 
-def _trainer_and_window(k: int, optimizer: str) -> tuple[AccumulationTrainer, list]:
+def _window_step(k: int, optimizer: str) -> tuple[Callable[[], object], torch.nn.Module, list]:
+    """One window of accumulate_window as a call, after a first one (gradients and optimizer
+    state exist from then on), its model and its window."""
     model = make_mlp(32, 64, 4, dtype=torch.float32)
     make = {"sgd": lambda p: torch.optim.SGD(p, lr=0.1), "adamw": torch.optim.AdamW}[optimizer]
-    trainer = AccumulationTrainer(model, sample_classification_loss, make(model.parameters()),
-                                  accumulation_steps=k, progress=False)
     window = split_into_micro_batches(make_toy_classification(64, 32, 4, dtype=torch.float32),
                                       accumulation_steps=k)
-    trainer.step_window(window)  # gradients and optimizer state exist from here on
-    return trainer, window
+    step = functools.partial(accumulate_window, model, make(model.parameters()), window,
+                             sample_classification_loss)
+    step()
+    return step, model, window
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_a_training_step_gives_the_same_peak_every_time(optimizer):
-    trainer, window = _trainer_and_window(4, optimizer)
-    peaks = [tensor_peak_bytes(lambda: trainer.step_window(window)) for _ in range(3)]
+    step, _, _ = _window_step(4, optimizer)
+    peaks = [tensor_peak_bytes(step) for _ in range(3)]
     assert peaks[0] == peaks[1] == peaks[2] > 0
 
 
 def test_the_sgd_peak_holds_the_new_gradients_and_falls_with_k():
     peaks = {}
     for k in (1, 2, 4, 8):
-        trainer, window = _trainer_and_window(k, "sgd")
-        peaks[k] = tensor_peak_bytes(lambda t=trainer, w=window: t.step_window(w))
-        gradients = static_bytes(trainer.model)["gradients"]  # set to None, then re-allocated
-        micro_activations = activation_bytes(trainer.model, sample_classification_loss,
-                                             window[0])
+        step, model, window = _window_step(k, "sgd")
+        peaks[k] = tensor_peak_bytes(step)
+        gradients = static_bytes(model)["gradients"]  # set to None, then re-allocated
+        micro_activations = activation_bytes(model, sample_classification_loss, window[0])
         # the step re-allocates the gradients and holds one micro-batch's activations at
         # least; at most it also holds their gradients (backward) or a second, incoming
         # gradient of a layer (accumulated into .grad, then freed)

@@ -1,35 +1,30 @@
 """Transformer activation fits, device planning, BERT shapes, metrics, the cluster widget and
-the DDP step-time fit with its interleaved timings."""
+the DDP step-time fit (notebook 05 times the steps it fits)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gradaccum_lib.jobs.launch import launch
-from gradaccum_lib.jobs.step_times import time_ddp_steps
-from gradaccum_lib.losses import sample_classification_loss
 from gradaccum_lib.measure.memory import memory_budget
 from gradaccum_lib.measure.metrics import classification_scores, predict_classes
 from gradaccum_lib.measure.planning import (
     DdpStepModel,
-    _TransformerActivations,
     TransformerShape,
+    _fit_transformer_activations,
+    _TransformerActivations,
     accumulation_steps_for,
     ddp_relative_residuals,
     fit_ddp_step_model,
-    fit_transformer_activations,
     max_micro_batch_size,
     measure_bert_shape,
     plan_cluster,
 )
 from gradaccum_lib.notebook.plots import plot_cluster_plan
-from gradaccum_lib.notebook.widgets import cluster_explorer, _describe_cluster_plan
-from gradaccum_lib.workloads.data import make_toy_classification
+from gradaccum_lib.notebook.widgets import _describe_cluster_plan, cluster_explorer
 from gradaccum_lib.workloads.models import (
     ROBERTA_WWM_EXT_LARGE,
     count_bert_parameters,
-    make_mlp,
     make_tiny_bert,
 )
 
@@ -42,12 +37,12 @@ def _measure(num_layers, length):  # what a sample of TRUE would measure
 
 
 def test_fit_recovers_every_term_of_a_known_model():
-    fitted = fit_transformer_activations(_measure)
+    fitted = _fit_transformer_activations(_measure)
     for name in _TransformerActivations.__dataclass_fields__:
         assert getattr(fitted, name) == pytest.approx(getattr(TRUE, name), abs=1e-6)
     assert fitted.bytes_for(3, 256, 12) == pytest.approx(TRUE.bytes_for(3, 256, 12))
     with pytest.raises(ValueError, match="three increasing positive ints"):
-        fit_transformer_activations(_measure, lengths=(64, 32, 128))
+        _fit_transformer_activations(_measure, lengths=(64, 32, 128))
 
 
 def test_max_micro_batch_size_and_accumulation_steps():
@@ -191,33 +186,6 @@ def test_ddp_relative_residuals_are_zero_on_the_model_and_signed():
         fit_ddp_step_model(KS, [0, *window[1:]], every)
     with pytest.raises(TypeError, match="model must be a DdpStepModel"):
         ddp_relative_residuals(None, KS, window, every)
-
-
-def _toy_ddp_data(k_max):
-    inputs, labels = make_toy_classification(4 * k_max, 6, 3, seed=0)
-    return make_mlp(6, 8, 3, seed=0), list(zip(inputs.split(4), labels.split(4), strict=True))
-
-
-def test_time_ddp_steps_in_one_process_times_every_k_and_sync_and_leaves_the_model():
-    model, micro_batches = _toy_ddp_data(4)
-    before = [p.detach().clone() for p in model.parameters()]
-    timings = time_ddp_steps(model, sample_classification_loss, micro_batches, [1, 2, 4],
-                             repeats=3, warmup=1)
-    assert set(timings) == {(k, s) for k in (1, 2, 4) for s in ("window", "every")}
-    assert all(len(t.samples) == 3 and t.min > 0 for t in timings.values())
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
-    with pytest.raises(ValueError, match=r"at most the number of micro_batches \(4\); got \[8\]"):
-        time_ddp_steps(model, sample_classification_loss, micro_batches, [8])
-
-
-def test_time_ddp_steps_under_torchrun_reports_the_slowest_rank():
-    result = launch("gradaccum_lib.jobs.step_times", ["--ks", "1,2", "--repeats", "3"],
-                    nproc_per_node=2, timeout_seconds=180)
-    assert result["world_size"] == 2
-    assert result["parameter_bytes"] == 8 * (16 * 256 + 256 + 256 * 4 + 4)  # float64 MLP
-    timings = {(k, sync): samples for k, sync, samples in result["timings"]}
-    assert set(timings) == {(k, s) for k in (1, 2) for s in ("window", "every")}
-    assert all(len(samples) == 3 and min(samples) > 0 for samples in timings.values())
 
 
 def test_the_ddp_step_figure_is_one_panel_of_the_accumulation_plan_figure():

@@ -1,16 +1,16 @@
-"""The program torchrun runs: the engine under DDP or FSDP2, checked against one process.
+"""The program torchrun runs: the loop under DDP or FSDP2, checked against one process.
 
-    python -m torch.distributed.run --standalone --nproc_per_node=2 -m gradaccum_lib.jobs.ddp \\
+    torchrun --standalone --nproc_per_node=2 scripts/ddp.py \\
         --accumulation-steps 4 --micro-batch-size 8 --steps 6 --sync window --json out.json
 
-Every rank trains its ``DistributedSampler`` shard with :class:`AccumulationTrainer` (the one
-accumulation loop of the package): ``--sync window`` synchronises gradients once per window
-(``no_sync`` for the other micro-steps), ``--sync every`` after every micro-step (the same
-gradient, k times the communication). The engine divides by the window's item count over ALL
-ranks, so each step is the exact mean over every item of the global window, even when ranks
-hold different numbers of items (``--task tokens``: a token-level loss over sequences of
-uneven length) and in a partial last window (``--samples`` not a multiple of the global
-window).
+Every rank trains its ``DistributedSampler`` shard, each window one call of
+:func:`~gradaccum_lib.accumulation.accumulate_window` (the package's one loop): ``--sync
+window`` synchronises gradients once per window (``no_sync`` for the other micro-steps),
+``--sync every`` after every micro-step (the same gradient, k times the communication). The
+loop divides by the window's item count over ALL ranks, so each step is the exact mean over
+every item of the global window, even when ranks hold different numbers of items (``--task
+tokens``: a token-level loss over sequences of uneven length) and in a partial last window
+(``--samples`` not a multiple of the global window).
 
 After each optimizer step the program checks that all ranks hold the same parameters, and
 compares them with a single-process reference in this same program: one full-batch step
@@ -39,17 +39,15 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from ..accumulation import AccumulationTrainer, WindowRecord
-from ..batches import windows_of
-from ..distributed import DistributedContext, init_distributed, process_group_session
-from ..equivalence import full_batch_gradients
-from ..losses import sample_classification_loss, token_classification_loss
-from ..measure.comm import CommCounter
-from ..workloads.data import make_toy_classification, make_toy_token_batch
-from ..workloads.models import TokenTagger, make_mlp
-from .agent import run_worker
-
-__all__ = ["cross_rank_difference", "main", "parse_arguments"]
+from gradaccum_lib.accumulation import WindowResult, accumulate_window
+from gradaccum_lib.batches import windows_of
+from gradaccum_lib.distributed import DistributedContext, init_distributed, process_group_session
+from gradaccum_lib.equivalence import full_batch_gradients
+from gradaccum_lib.jobs.agent import run_worker
+from gradaccum_lib.losses import sample_classification_loss, token_classification_loss
+from gradaccum_lib.measure.comm import CommCounter
+from gradaccum_lib.workloads.data import make_toy_classification, make_toy_token_batch
+from gradaccum_lib.workloads.models import TokenTagger, make_mlp
 
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
 _POSITIVE = ("accumulation_steps", "micro_batch_size", "steps", "input_dim", "hidden_dim",
@@ -71,7 +69,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m gradaccum_lib.jobs.ddp",
+    parser = argparse.ArgumentParser(prog="scripts/ddp.py",
                                      description=__doc__.split("\n\n")[0])
     add = parser.add_argument
     add("--accumulation-steps", type=int, required=True)
@@ -145,17 +143,18 @@ def _parameter_vector(model: nn.Module) -> Tensor:
 
 @dataclasses.dataclass
 class _Job:
-    """What one run holds: the engine's side and the single-process reference's."""
+    """What one run holds: the loop's side and the single-process reference's."""
 
     arguments: argparse.Namespace
     ctx: DistributedContext
     dataset: TensorDataset
     loss_fn: Callable
     model: nn.Module
-    trainer: AccumulationTrainer
+    optimizer: torch.optim.Optimizer
     counter: CommCounter
     reference: nn.Module
     reference_optimizer: torch.optim.Optimizer
+    results: list[WindowResult] = dataclasses.field(default_factory=list)  # one per window
 
     def sampler(self, rank: int) -> DistributedSampler:
         """The shard sampler of ``rank`` (the reference builds every rank's)."""
@@ -164,18 +163,14 @@ class _Job:
 
 
 def _build(arguments: argparse.Namespace, ctx: DistributedContext, samples: int) -> _Job:
-    """The data, the wrapped model and its engine, and the reference copy of the model."""
+    """The data, the wrapped model and its optimizer, and the reference copy of the model."""
     dataset, base, loss_fn = _task(arguments, samples, _DTYPES[arguments.dtype])
     base = base.to(ctx.device)
     reference = copy.deepcopy(base)
     counter = CommCounter()
     model = _wrap(base, arguments, ctx, counter)
-    trainer = AccumulationTrainer(
-        model, loss_fn, _optimizer(arguments, model.parameters()),
-        accumulation_steps=arguments.accumulation_steps, progress=False,
-        sync_every_micro_step=arguments.sync == "every")
-    return _Job(arguments, ctx, dataset, loss_fn, model, trainer, counter, reference,
-                _optimizer(arguments, reference.parameters()))
+    return _Job(arguments, ctx, dataset, loss_fn, model, _optimizer(arguments, model.parameters()),
+                counter, reference, _optimizer(arguments, reference.parameters()))
 
 
 def _task(arguments: argparse.Namespace, samples: int, dtype: torch.dtype):  # noqa: ANN202
@@ -208,7 +203,7 @@ def _wrap(base: nn.Module, arguments: argparse.Namespace, ctx: DistributedContex
         from torch.distributed.fsdp import fully_shard
         return fully_shard(base)
     # gradient_as_bucket_view: .grad are views into DDP's buckets, so no second copy of the
-    # gradients (00 measures it); safe with the engine, which never detaches a .grad in place
+    # gradients (00 measures it); safe with the loop, which never detaches a .grad in place
     model = DistributedDataParallel(base, gradient_as_bucket_view=True)
     counter.register(model)
     return model
@@ -221,7 +216,7 @@ def _optimizer(arguments: argparse.Namespace, parameters) -> torch.optim.Optimiz
 
 
 def _train(job: _Job) -> list[dict]:
-    """Every epoch's windows through the engine, each followed by the reference's step on
+    """Every epoch's windows through the loop, each followed by the reference's step on
     the same global window; return what each optimizer step measured."""
     arguments, ctx = job.arguments, job.ctx
     sampler = job.sampler(ctx.rank)
@@ -238,7 +233,9 @@ def _train(job: _Job) -> list[dict]:
                 break
             window = [[t.to(ctx.device) for t in micro_batch] for micro_batch in window]
             start = time.perf_counter()
-            job.trainer.step_window(window)
+            job.results.append(accumulate_window(
+                job.model, job.optimizer, window, job.loss_fn,
+                sync_every_micro_step=arguments.sync == "every"))
             seconds = time.perf_counter() - start
             _reference_step(job, global_orders, window_index)
             per_step.append(_measured(job, seconds))
@@ -264,7 +261,7 @@ def _measured(job: _Job, seconds: float) -> dict:
     comm = job.counter.take()
     return {"bytes": comm["bytes"], "syncs": comm["syncs"], "calls": comm["calls"],
             "seconds": seconds, "comm_seconds": comm["seconds"],
-            "items": job.trainer.history.records[-1].items,
+            "items": job.results[-1].items,
             "cross_rank_difference": cross_rank_difference(job.model),
             "difference_to_single_process": _distance(job.model, job.reference)}
 
@@ -275,7 +272,7 @@ def _distance(model: nn.Module, other: nn.Module) -> float:
 
 def _summary(job: _Job, per_step: list[dict], samples: int) -> dict:
     """The run's results: its setting, every step, the medians and the largest differences."""
-    arguments, ctx, history = job.arguments, job.ctx, job.trainer.history
+    arguments, ctx = job.arguments, job.ctx
     k, micro = arguments.accumulation_steps, arguments.micro_batch_size
     results = {
         "world_size": ctx.world_size, "backend": ctx.backend, "wrap": arguments.wrap,
@@ -285,8 +282,8 @@ def _summary(job: _Job, per_step: list[dict], samples: int) -> dict:
         "steps": len(per_step),
         "parameter_bytes": sum(p.numel() * p.element_size() for p in job.reference.parameters()),
         "per_step": per_step,
-        "history": {field.name: history.column(field.name)
-                    for field in dataclasses.fields(WindowRecord)},
+        "history": {field.name: [getattr(result, field.name) for result in job.results]
+                    for field in dataclasses.fields(WindowResult)},
         "max_cross_rank_difference": max(s["cross_rank_difference"] for s in per_step),
         "max_difference_to_single_process": _distance(job.model, job.reference),
     }
@@ -298,7 +295,7 @@ def _summary(job: _Job, per_step: list[dict], samples: int) -> dict:
 
 
 def _run(arguments: argparse.Namespace) -> dict:
-    """Train with the engine under DDP/FSDP2; return the results (identical on every rank)."""
+    """Train with the loop under DDP/FSDP2; return the results (identical on every rank)."""
     ctx = init_distributed(arguments.timeout)
     effective = arguments.micro_batch_size * arguments.accumulation_steps * ctx.world_size
     samples = arguments.samples or effective * arguments.steps_per_epoch

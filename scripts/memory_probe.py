@@ -1,24 +1,22 @@
 """What accumulation holds in gradient memory under DDP and FSDP2, measured on each rank.
 
-    python -m torch.distributed.run --standalone --nproc_per_node=2 \\
-        -m gradaccum_lib.jobs.memory_probe \\
-        --json out.json
+    torchrun --standalone --nproc_per_node=2 scripts/memory_probe.py --json out.json
 
 **DDP.** The reducer allocates its gradient buckets when the model is wrapped. By default they
 are a second copy of the gradients: each backward writes ``.grad`` and copies it into a bucket
 for the all-reduce. With ``gradient_as_bucket_view=True`` each ``.grad`` is a view into its
-bucket, so the copy is gone. The probe wraps the model both ways and trains one window with the
-engine, counting every tensor storage allocated from the wrap onwards
-(``measure.memory.counting_tensor_bytes``: exact bytes, the buckets included, unlike the
+bucket, so the copy is gone. The probe wraps the model both ways and trains one window
+(``accumulate_window``), counting every tensor storage allocated from the wrap onwards
+(``measure.memory._counting_tensor_bytes``: exact bytes, the buckets included, unlike the
 process's resident memory); it reads what is held after the window's last backward, before
 the optimizer step.
 
 **FSDP2.** With ``set_requires_gradient_sync(False)`` (FSDP2's ``no_sync``) the backward pass
 skips the reduce-scatter, so each rank keeps the UNSHARDED gradient of every parameter until the
 window's last micro-batch: world_size times the bytes of the sharded gradient it holds when it syncs
-every micro-step. The probe trains one window of two micro-batches with the engine each way
-(once per window, and ``sync_every_micro_step=True``) and an observer reads the gradients
-FSDP2 holds after the first micro-step (its parameter groups are internal API, stable for the
+every micro-step. The probe trains one window of two micro-batches each way (once per window, and
+``sync_every_micro_step=True``) and its ``after_backward`` reads the gradients FSDP2 holds
+after the first micro-step (its parameter groups are internal API, stable for the
 pinned torch). Rank 0 writes JSON.
 """
 
@@ -32,14 +30,12 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..accumulation import AccumulationTrainer
-from ..distributed import init_distributed, process_group_session
-from ..losses import sample_classification_loss
-from ..measure.memory import counting_tensor_bytes
-from ..workloads.models import make_mlp
-from .agent import run_worker
-
-__all__ = ["main"]
+from gradaccum_lib.accumulation import accumulate_window
+from gradaccum_lib.distributed import init_distributed, process_group_session
+from gradaccum_lib.jobs.agent import run_worker
+from gradaccum_lib.losses import sample_classification_loss
+from gradaccum_lib.measure.memory import _counting_tensor_bytes
+from gradaccum_lib.workloads.models import make_mlp
 
 
 def _held_gradient_bytes(model: nn.Module) -> dict[str, int]:
@@ -58,26 +54,24 @@ def _held_gradient_bytes(model: nn.Module) -> dict[str, int]:
     return held
 
 
-class _HeldGradientProbe:
-    """An engine observer: what is held after one micro-step's backward (``micro_step``),
-    read by ``read()``."""
+def _held_after(model: nn.Module, window: list, read: Callable[[], object], micro_step: int,
+                *, sync_every_micro_step: bool = False) -> object:
+    """Train one window (SGD) and return what ``read()`` saw after ``micro_step``'s backward."""
+    held = []
 
-    def __init__(self, read: Callable[[], object], micro_step: int = 0) -> None:
-        self.read, self.micro_step = read, micro_step
-        self.held: object = None
+    def after_backward(step: int, _: float) -> None:
+        if step == micro_step:
+            held.append(read())
 
-    def on_micro_step(self, parameters: object, micro_step: int, *_: object) -> None:
-        """Record what the rank holds after the chosen micro-step's backward."""
-        if micro_step == self.micro_step:
-            self.held = self.read()
-
-    def on_window_end(self, *_: object) -> None:
-        """Nothing at the window's end."""
+    accumulate_window(model, torch.optim.SGD(model.parameters(), lr=0.1), window,
+                      sample_classification_loss, after_backward=after_backward,
+                      sync_every_micro_step=sync_every_micro_step)
+    return held[0]
 
 
 def _ddp_held_bytes(input_dim: int, hidden_dim: int, window: list, device: torch.device, *,
                    gradient_as_bucket_view: bool) -> dict[str, int | None]:
-    """Return the tensor bytes held after the last backward of one engine window on a model
+    """Return the tensor bytes held after the last backward of one window on a model
     wrapped in DDP (counted from the wrap on: buckets, gradients, what else is alive), the
     model's gradient bytes, and on CUDA the allocator's held and peak bytes over the same span
     (None on a CPU)."""
@@ -92,14 +86,9 @@ def _ddp_held_bytes(input_dim: int, hidden_dim: int, window: list, device: torch
     def read() -> tuple[int, int | None]:
         return counted.live, torch.cuda.memory_allocated(device) - allocated if cuda else None
 
-    with counting_tensor_bytes() as counted:
+    with _counting_tensor_bytes() as counted:
         wrapped = DistributedDataParallel(model, gradient_as_bucket_view=gradient_as_bucket_view)
-        probe = _HeldGradientProbe(read, micro_step=len(window) - 1)
-        AccumulationTrainer(wrapped, sample_classification_loss,
-                            torch.optim.SGD(wrapped.parameters(), lr=0.1),
-                            accumulation_steps=len(window), progress=False,
-                            observers=[probe]).step_window(window)
-    held, cuda_held = probe.held
+        held, cuda_held = _held_after(wrapped, window, read, micro_step=len(window) - 1)
     return {"k": len(window), "held_bytes": held, "gradient_bytes": gradient_bytes,
             "cuda_held_bytes": cuda_held,
             "cuda_peak_bytes": torch.cuda.max_memory_allocated(device) - allocated if cuda
@@ -120,18 +109,15 @@ def _fsdp2_held_bytes(input_dim: int, hidden_dim: int, window: list,
         fully_shard(model)
         results["parameter_bytes"] = sum(p.numel() * p.element_size()  # DTensor: global
                                          for p in model.parameters())
-        probe = _HeldGradientProbe(lambda model=model: _held_gradient_bytes(model))
-        AccumulationTrainer(model, sample_classification_loss,
-                            torch.optim.SGD(model.parameters(), lr=0.1),
-                            accumulation_steps=2, progress=False, observers=[probe],
-                            sync_every_micro_step=sync_every).step_window(window)
-        results[name] = probe.held
+        results[name] = _held_after(model, window, lambda model=model:
+                                    _held_gradient_bytes(model), micro_step=0,
+                                    sync_every_micro_step=sync_every)
     return results
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure DDP both ways and FSDP2 both ways; write JSON on rank 0."""
-    parser = argparse.ArgumentParser(prog="python -m gradaccum_lib.jobs.memory_probe")
+    parser = argparse.ArgumentParser(prog="scripts/memory_probe.py")
     parser.add_argument("--json", required=True)
     parser.add_argument("--input-dim", type=int, default=64)
     parser.add_argument("--hidden-dim", type=int, default=256)
