@@ -239,7 +239,7 @@ CORRECT = re.compile(r"^✓ Exercise [\w.]+: correct\. (.*)$")
 
 def localize_feedback(cell: dict) -> None:
     """Give, in place, an exercise checker cell the output a kernel of the Chinese edition
-    prints (gradaccum_lib.notebook.exercises.language() is "zh" there): the framing in
+    prints (gradaccum_lib.notebook.exercises._language() is "zh" there): the framing in
     Chinese, what the checker computed as it says it."""
     from gradaccum_lib.notebook import exercises
 
@@ -255,9 +255,9 @@ def localize_feedback(cell: dict) -> None:
         for line in text.split("\n"):
             correct = CORRECT.match(line)
             if NO_ANSWER.match(line):
-                line = exercises.no_answer_message(exercise_id, "zh")
+                line = exercises._no_answer_message(exercise_id, "zh")
             elif correct:
-                line = exercises.correct_message(exercise_id, correct.group(1), "zh")
+                line = exercises._correct_message(exercise_id, correct.group(1), "zh")
             lines.append(line)
         output["text"] = "\n".join(lines)
 

@@ -1,14 +1,18 @@
 """Notebook 00 opens with the two-minute spoken answer and the answer card, each in English and in
 Chinese: the same numbers, the same code, every number printed by a cell of 00, the spoken
-answers short enough to say in two minutes, and the card's loops the ones its cells run."""
+answers short enough to say in two minutes, and the card's loop the library's function, shown
+from its source and run by 00's cells and the program 00 launches."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from pathlib import Path
 
 from prose_numbers import NUMBER, numbers
+
+from gradaccum_lib.accumulation import accumulate_window
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "00_the_article.ipynb"
@@ -101,18 +105,38 @@ def test_the_spoken_answers_fit_two_minutes_and_state_the_same_printed_numbers()
     assert "累积窗口" in chinese and "显存" in chinese and "取平均" in chinese
 
 
+def _call(block: str) -> list[str]:
+    """The lines of a card's block from its ``accumulate_window(`` call on, stripped."""
+    lines = [line.strip() for line in _without_comments(block)]
+    start = next(i for i, line in enumerate(lines) if "accumulate_window(" in line)
+    return lines[start:]
+
+
 def test_both_cards_show_the_same_code_and_it_is_the_code_that_runs() -> None:
     english, chinese = _cards()
     blocks = _code_blocks(english)
-    assert len(blocks) == 3, "the correct loop, its fp16 variant and the article's loop"
+    assert len(blocks) == 3, "the library's loop, its fp16 call and the article's loop"
     assert [_without_comments(b) for b in blocks] == [
         _without_comments(b) for b in _code_blocks(chinese)]
-    written = next(_source(c) for c in _cells()
-                   if c["cell_type"] == "code" and _source(c).startswith("%%writefile"))
-    for block, name in zip(blocks[:2], ("train_window", "train_window_fp16"), strict=True):
-        assert block.startswith(f"def {name}(")
-        assert "\n".join(_without_comments(block)) in "\n".join(_without_comments(written)), (
-            f"the card's {name} differs from the one 00 writes and runs")
+    code = [_source(c) for c in _cells() if c["cell_type"] == "code"]
+    run = "\n".join(line.strip() for cell in code for line in _without_comments(cell))
+    for block in blocks[:2]:  # each call, as the card writes it, is a call a cell of 00 makes
+        assert "\n".join(_call(block)) in run, f"no cell of 00 calls {_call(block)}"
+    assert "autocast_dtype=torch.float16" in blocks[1] and "scaler=scaler" in blocks[1]
+    # the program 00 writes and launches imports the loop; no copy of it is defined anywhere
+    written = next(c for c in code if c.startswith("%%writefile"))
+    assert "from gradaccum_lib.accumulation import accumulate_window" in written
+    assert not [c for c in code if "def train_window" in c]
+
+
+def test_the_card_loop_is_printed_from_the_library_source() -> None:
+    """The cell under the cards prints the function's source; its committed output is today's
+    source (a change to accumulation.py needs 00 re-executed)."""
+    cell = next(c for c in _cells() if c["cell_type"] == "code"
+                and "inspect.getsource(accumulate_window)" in _source(c))
+    printed = "".join("".join(o.get("text", "")) for o in cell["outputs"])
+    assert printed.strip() == inspect.getsource(accumulate_window).strip(), (
+        "00's printed source of accumulate_window is stale: re-execute notebooks/00")
 
 
 def test_the_number_scanner() -> None:

@@ -302,12 +302,12 @@ def test_a_wrong_answer_keeps_its_english_text_and_carries_the_chinese() -> None
 
 def test_without_a_chinese_hint_the_chinese_edition_shows_the_english_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from gradaccum_lib.notebook.exercises import Exercise
+    from gradaccum_lib.notebook.exercises import _Exercise
 
     def english_only(answer: object) -> str:
         raise _WrongAnswer(f"{answer} is not it")
 
-    monkeypatch.setitem(_EXERCISES, "04.1", Exercise(_EXERCISES["04.1"].title,
+    monkeypatch.setitem(_EXERCISES, "04.1", _Exercise(_EXERCISES["04.1"].title,
                                                     _EXERCISES["04.1"].expects, english_only))
     monkeypatch.setenv("GRADACCUM_LANGUAGE", "zh")
     assert _wrong_lines("04.1", 7, {})[2] == "提示：7 is not it"

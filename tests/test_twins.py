@@ -169,9 +169,9 @@ def test_exercise_feedback_follows_the_notebooks_language(monkeypatch, capsys) -
 
     monkeypatch.delenv("GRADACCUM_LANGUAGE", raising=False)
     monkeypatch.chdir(ROOT / "notebooks")
-    assert exercises.language() == "en"
+    assert exercises._language() == "en"
     monkeypatch.chdir(ROOT / "notebooks" / "zh" / "solutions")  # a Chinese twin's kernel
-    assert exercises.language() == "zh"
+    assert exercises._language() == "zh"
     exercises.check_exercise("00.2", None)
     assert capsys.readouterr().out.startswith(
         "练习 00.2（DDP 下一次优化器更新的样本数）：还没有答案")
@@ -183,7 +183,7 @@ def test_exercise_feedback_follows_the_notebooks_language(monkeypatch, capsys) -
         "✗ 练习 00.2（DDP 下一次优化器更新的样本数）：还不对。",
         "应当给出：一次优化器更新的样本数：微批次 32、k = 8、8 个 DDP 进程。"]
     monkeypatch.setenv("GRADACCUM_LANGUAGE", "en")
-    assert exercises.language() == "en"
+    assert exercises._language() == "en"
     # every exercise is framed in Chinese, and a twin's checker cells show the Chinese framing
     assert set(exercises._TITLES_ZH) == set(exercises._EXERCISES) == set(exercises._EXPECTS_ZH)
     twin = json.loads((ROOT / "notebooks" / "zh" / "00_the_article.ipynb").read_text())

@@ -1,4 +1,4 @@
-"""One optimizer step of accumulation, the way each audited setup runs it: gradaccum's engine,
+"""One optimizer step of accumulation, the way each audited setup runs it: gradaccum's loop,
 the nanoGPT-style bare loop and 🤗 Accelerate (the 🤗 Trainer is in
 :mod:`~gradaccum_lib.audits.hf_trainer`, Lightning in :mod:`~gradaccum_lib.audits.lightning`).
 
@@ -20,16 +20,14 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..accumulation import AccumulationTrainer
-from ..batches import concatenate_micro_batches
+from ..accumulation import accumulate_window
+from ..batches import concatenate_micro_batches, windows_of
 from ..equivalence import OptimizerFactory
 from ..losses import bert_classification_loss
 
 __all__ = [
     "WindowDataset",
-    "accelerate_loop",
     "accelerate_step",
-    "bare_loop",
     "bare_loop_step",
     "library_step",
     "model_mean_loss",
@@ -60,15 +58,15 @@ class WindowDataset(torch.utils.data.Dataset):
 
 
 def library_step(accumulation_steps: int, loss_fn=bert_classification_loss,  # noqa: ANN001, ANN201
-                 **trainer_options):  # noqa: ANN003
-    """Return a step function running gradaccum's :class:`AccumulationTrainer` (extra keyword
-    arguments, e.g. ``max_grad_norm``, go to the trainer)."""
+                 **options):  # noqa: ANN003
+    """Return a step function running gradaccum's loop, :func:`accumulate_window`, on each
+    window of ``accumulation_steps`` micro-batches (extra keyword arguments, e.g.
+    ``max_grad_norm``, go to it)."""
 
     def step(model: nn.Module, micro_batches: list, make_optimizer: OptimizerFactory) -> None:
-        trainer = AccumulationTrainer(model, loss_fn, make_optimizer(model.parameters()),
-                                      accumulation_steps=accumulation_steps, progress=False,
-                                      **trainer_options)
-        trainer.train_epoch(micro_batches)
+        optimizer = make_optimizer(model.parameters())
+        for window in windows_of(micro_batches, accumulation_steps):
+            accumulate_window(model, optimizer, window, loss_fn, **options)
 
     return step
 
@@ -81,7 +79,7 @@ def model_mean_loss(model: nn.Module, micro_batch: Mapping[str, Tensor]) -> Tens
 _MeanLoss = Callable[[nn.Module, Any], Tensor]
 
 
-def bare_loop(model: nn.Module, optimizer: torch.optim.Optimizer, accumulation_steps: int,
+def _bare_loop(model: nn.Module, optimizer: torch.optim.Optimizer, accumulation_steps: int,
               mean_loss: _MeanLoss = model_mean_loss) -> Callable[[Sequence[Any]], None]:
     """Return ``run(micro_batches)``: the nanoGPT-style loop over them. Per micro-batch: on a
     DDP model, ``require_backward_grad_sync`` set BEFORE the forward pass (True only on the
@@ -104,14 +102,14 @@ def bare_loop(model: nn.Module, optimizer: torch.optim.Optimizer, accumulation_s
 
 
 def bare_loop_step(accumulation_steps: int):  # noqa: ANN201
-    """Return a step function for the nanoGPT-style loop (:func:`bare_loop`) on a 🤗 model:
+    """Return a step function for the nanoGPT-style loop (:func:`_bare_loop`) on a 🤗 model:
     the model's mean loss divided by k, backward per micro-batch, step and zero once per
     window (or at the end of the data).
     """
 
     def step(model: nn.Module, micro_batches: list, make_optimizer: OptimizerFactory) -> None:
         model.train()
-        bare_loop(model, make_optimizer(model.parameters()), accumulation_steps)(micro_batches)
+        _bare_loop(model, make_optimizer(model.parameters()), accumulation_steps)(micro_batches)
 
     return step
 
@@ -127,7 +125,7 @@ def _accelerate_micro_step(accelerator: Any, model: nn.Module, optimizer: Any,
         optimizer.zero_grad()
 
 
-def accelerate_loop(model: nn.Module, optimizer: torch.optim.Optimizer, accumulation_steps: int,
+def _accelerate_loop(model: nn.Module, optimizer: torch.optim.Optimizer, accumulation_steps: int,
                     mean_loss: _MeanLoss = model_mean_loss):  # noqa: ANN201
     """Return ``(run(micro_batches), prepared_model)`` for Accelerate without a prepared
     DataLoader (a benchmark of the loop's overhead; windows are counted by calls)."""

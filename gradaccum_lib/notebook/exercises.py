@@ -13,7 +13,7 @@ checker cell, ``check_exercise("02.1", answer)``:
 
 The checkers follow, notebook by notebook, and the table of exercises (:data:`_EXERCISES`) ends
 the file. ``checker(answer, **context)`` computes the true answer itself, by running the
-library (the budget model, the engine, the ground truth, a real ``DistributedSampler``, the
+library (the budget model, the loop, the ground truth, a real ``DistributedSampler``, the
 audited frameworks, a pipeline schedule...), never from a stored value; it returns what it
 checked, the true value included, or raises :class:`_WrongAnswer` with a hint that does not
 give the value away, in English and in Chinese (its ``zh``, from the same values, for the
@@ -38,7 +38,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ..accumulation import AccumulationTrainer
+from ..accumulation import accumulate_window
 from ..audits.frameworks import accelerate_step
 from ..audits.hf_trainer import hf_trainer_step
 from ..batches import split_into_micro_batches, windows_of
@@ -57,8 +57,7 @@ from ..workloads.models import (
     make_tiny_bert,
 )
 
-__all__ = ["BERT_BASE_CHINESE", "GIB", "Exercise",
-           "check_exercise", "correct_message", "language", "no_answer_message"]
+__all__ = ["BERT_BASE_CHINESE", "GIB", "check_exercise"]
 
 GIB = 1024**3
 # bert-base-chinese's published configuration (its config.json on the Hugging Face Hub)
@@ -87,7 +86,7 @@ class _WrongAnswer(AssertionError):
 
 
 @dataclass(frozen=True)
-class Exercise:
+class _Exercise:
     """One exercise: its title, the answer it expects in words, and its checker."""
 
     title: str
@@ -102,25 +101,25 @@ def check_exercise(exercise_id: str, answer: object, **context: object) -> None:
     ``✓`` and the true value. Either way it returns None. A wrong answer raises
     :class:`_WrongAnswer`: ``✗``, the answer expected in words, and a hint. ``context`` passes
     what an exercise needs from its notebook cell (01.1: ``loops={"A": ..., ...}``; 02.2:
-    ``loop=...``). In the Chinese edition (:func:`language`) the framing is in Chinese, and so
+    ``loop=...``). In the Chinese edition (:func:`_language`) the framing is in Chinese, and so
     is the hint (the checker's ``_WrongAnswer.zh``; its English one where it gives none); what a
     checker says it checked, the true value included, stays as it says it.
     """
     if exercise_id not in _EXERCISES:
         raise KeyError(f"no exercise {exercise_id!r}; known: {sorted(_EXERCISES)}")
-    lang = language()
+    lang = _language()
     if answer is None:
-        print(no_answer_message(exercise_id, lang))
+        print(_no_answer_message(exercise_id, lang))
         return
     try:
         checked = _EXERCISES[exercise_id].checker(answer, **context)
     except _WrongAnswer as wrong:  # one short message, not a chain of two tracebacks
         hint = wrong.zh if lang == "zh" and wrong.zh else str(wrong)
         raise _WrongAnswer(_wrong_message(exercise_id, hint, lang)) from None
-    print(correct_message(exercise_id, checked, lang))
+    print(_correct_message(exercise_id, checked, lang))
 
 
-def language() -> str:
+def _language() -> str:
     """Return the language exercise feedback is given in: ``"zh"`` in a kernel started in the
     Chinese edition (``notebooks/zh/`` or its ``solutions/``), else ``"en"``;
     ``GRADACCUM_LANGUAGE=en|zh`` overrides."""
@@ -131,7 +130,7 @@ def language() -> str:
     return "zh" if "notebooks" in parts and "zh" in parts[parts.index("notebooks"):] else "en"
 
 
-def no_answer_message(exercise_id: str, lang: str = "en") -> str:
+def _no_answer_message(exercise_id: str, lang: str = "en") -> str:
     """Return what the checker says when ``answer`` is None."""
     if lang == "zh":
         return (f"练习 {exercise_id}（{_TITLES_ZH.get(exercise_id, _EXERCISES[exercise_id].title)}"
@@ -142,7 +141,7 @@ def no_answer_message(exercise_id: str, lang: str = "en") -> str:
             "notebooks/solutions/.")
 
 
-def correct_message(exercise_id: str, checked: str, lang: str = "en") -> str:
+def _correct_message(exercise_id: str, checked: str, lang: str = "en") -> str:
     """Return what the checker prints for a right answer (``checked``: what it checked, as the
     checker says it)."""
     if lang == "zh":
@@ -440,21 +439,22 @@ def _allreduce_bytes(answer: object) -> str:
             ddp = DistributedDataParallel(model)
             counter = CommCounter()
             counter.register(ddp)
-            trainer = AccumulationTrainer(ddp, sample_classification_loss,
-                                          torch.optim.SGD(ddp.parameters(), lr=0.1),
-                                          accumulation_steps=4, progress=False)
+            optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
             inputs = torch.randn(48, 10, generator=torch.Generator().manual_seed(4),
                                  dtype=torch.float64)
-            trainer.train_epoch(split_into_micro_batches((inputs, torch.arange(48) % 4),
-                                                        micro_batch_size=4))
+            micro_batches = split_into_micro_batches((inputs, torch.arange(48) % 4),
+                                                     micro_batch_size=4)
+            for window in windows_of(micro_batches, 4):
+                accumulate_window(ddp, optimizer, window, sample_classification_loss)
             sent = counter.take()["bytes"]
         finally:
             dist.destroy_process_group()
     _require(_number(answer, "answer (bytes)", "answer（字节数）") == sent,
              f"{answer} bytes is not what DDP handed to all-reduce; count the all-reduces "
-             "of an epoch (the engine syncs under no_sync) and the float64 gradient of each",
+             "of an epoch (the library's loop syncs under no_sync) and the float64 gradient of "
+             "each",
              zh=f"{answer} 字节不是 DDP 交给全规约的字节数；数一数一个 epoch 里有几次全规约"
-                "（本库的引擎用 no_sync 控制梯度同步），以及每次全规约的 float64 梯度")
+                "（本库的循环用 no_sync 控制梯度同步），以及每次全规约的 float64 梯度")
     return (f"{sent} bytes = 3 windows x {parameter_bytes} bytes of gradients: one all-reduce "
             "per window, whatever k")
 
@@ -485,31 +485,32 @@ def _sqrt_learning_rate(answer: object) -> str:
     return f"the square-root rule gives {lr:.4g} for an effective batch of 256"
 
 
-def _count_engine_steps(samples: int, micro_batch_size: int, epochs: int) -> tuple[int, int]:
-    """The engine's optimizer and scheduler steps over ``epochs`` of ``samples``, k = 4 (a
-    partial last window steps)."""
+def _count_loop_steps(samples: int, micro_batch_size: int, epochs: int) -> tuple[int, int]:
+    """The library loop's optimizer and scheduler steps over ``epochs`` of ``samples``, k = 4
+    (a partial last window steps)."""
     model = make_mlp(4, 6, 2, seed=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    trainer = AccumulationTrainer(model, sample_classification_loss, optimizer,
-                                  accumulation_steps=4, scheduler=scheduler, progress=False,
-                                  track_grad_norm=False)
     inputs = torch.randn(samples, 4, generator=torch.Generator().manual_seed(5),
                          dtype=torch.float64)
+    micro_batches = split_into_micro_batches((inputs, torch.arange(samples) % 2),
+                                             micro_batch_size=micro_batch_size)
+    steps = 0
     for _epoch in range(epochs):
-        trainer.train_epoch(split_into_micro_batches((inputs, torch.arange(samples) % 2),
-                                                    micro_batch_size=micro_batch_size))
-    return trainer.optimizer_steps, scheduler.last_epoch
+        for window in windows_of(micro_batches, 4):
+            steps += accumulate_window(model, optimizer, window, sample_classification_loss,
+                                       scheduler=scheduler).stepped
+    return steps, scheduler.last_epoch
 
 
-def _engine_steps(answer: object) -> str:
-    steps, scheduled = _count_engine_steps(20, 2, epochs=1)
+def _partial_window_steps(answer: object) -> str:
+    steps, scheduled = _count_loop_steps(20, 2, epochs=1)
     _require(scheduled == steps, "the scheduler and optimizer counts disagree",
              zh="学习率调度器与优化器的更新次数不一致")
     _require(_number(answer, "answer (optimizer steps)", "answer（优化器更新次数）") == steps,
-             f"{answer} is not the number of optimizer steps the engine took; does the "
+             f"{answer} is not the number of optimizer steps the library's loop took; does the "
              "partial last window step?",
-             zh=f"{answer} 不是本库的引擎做的优化器更新次数；最后一个不满的窗口会不会更新？")
+             zh=f"{answer} 不是本库的循环做的优化器更新次数；最后一个不满的窗口会不会更新？")
     return f"10 micro-batches with k = 4: {steps} optimizer and scheduler steps"
 
 
@@ -536,11 +537,11 @@ def _leftover_micro_batches(answer: object) -> str:
 
 
 def _schedule_length(answer: object) -> str:
-    steps, _ = _count_engine_steps(1000, 8, epochs=3)
+    steps, _ = _count_loop_steps(1000, 8, epochs=3)
     _require(_number(answer, "answer (schedule steps)", "answer（调度步数）") == steps,
-             f"{answer} steps is not the optimizer steps the engine takes; count the windows "
-             "of one epoch (its partial one steps too), then multiply by the epochs",
-             zh=f"{answer} 步不是本库的引擎做的优化器更新次数；先数一个 epoch 的窗口数"
+             f"{answer} steps is not the optimizer steps the library's loop takes; count the "
+             "windows of one epoch (its partial one steps too), then multiply by the epochs",
+             zh=f"{answer} 步不是本库的循环做的优化器更新次数；先数一个 epoch 的窗口数"
                 "（其中不满的那个也会更新），再乘以 epoch 数")
     return (f"3 epochs of {math.ceil(1000 / 8)} micro-batches with k = 4: {steps} optimizer "
             f"steps, so a schedule {steps} steps long")
@@ -615,68 +616,68 @@ def _window_load_balancing_loss(answer: object) -> str:
 
 # ---- the exercises --------------------------------------------------------------------
 
-_EXERCISES: dict[str, Exercise] = {
-    "00.1": Exercise("parameters of bert-base-chinese, in millions",
+_EXERCISES: dict[str, _Exercise] = {
+    "00.1": _Exercise("parameters of bert-base-chinese, in millions",
                      "the parameters of bert-base-chinese with a 2-class head, in millions (±1M)",
                      _bert_base_parameters),
-    "00.2": Exercise("samples per optimizer step under DDP",
+    "00.2": _Exercise("samples per optimizer step under DDP",
                      "the samples in one optimizer step: micro-batches of 32, k = 8, 8 DDP ranks",
                      _ddp_effective_batch),
-    "01.1": Exercise("find the loop whose step is wrong",
+    "01.1": _Exercise("find the loop whose step is wrong",
                      'the name of the loop whose step is not the large batch\'s, "A" or "B"',
                      _find_the_bug),
-    "01.2": Exercise("make a token loss decompose",
+    "01.2": _Exercise("make a token loss decompose",
                      "a loss function (model, batch) -> (summed loss, number of real tokens) "
                      "that accumulates to the whole batch's token mean", _decomposing_loss),
-    "02.1": Exercise("the micro-batch and k for a 16 GiB GPU",
+    "02.1": _Exercise("the micro-batch and k for a 16 GiB GPU",
                      "a pair (micro_batch, k): the largest micro-batch that fits, and the "
                      "smallest k reaching 256 samples", _fit_a_gpu),
-    "02.2": Exercise("the update of a loop that never divides by k",
+    "02.2": _Exercise("the update of a loop that never divides by k",
                      "a number: how many times the large batch's update the loop's update is",
                      _forgot_to_divide),
-    "03.1": Exercise("a token's weight in the mean of micro-batch means",
+    "03.1": _Exercise("a token's weight in the mean of micro-batch means",
                      "a number: a short micro-batch token's weight in the mean of micro-batch "
                      "means, over its weight in the window's token mean", _mean_of_means_weight),
-    "03.2": Exercise("the divisor on each DDP rank",
+    "03.2": _Exercise("the divisor on each DDP rank",
                      "the number each rank divides its summed token loss by, so that DDP's "
                      "average is the window's token mean", _global_normaliser),
-    "04.1": Exercise("k for 256 samples on 8 GPUs",
+    "04.1": _Exercise("k for 256 samples on 8 GPUs",
                      "the smallest k with 4 per GPU x 8 GPUs x k >= 256 samples",
                      _k_for_the_cluster),
-    "04.2": Exercise("the state that k does not shrink",
+    "04.2": _Exercise("the state that k does not shrink",
                      "a number: GB (1e9 bytes) of fp32 weights, gradients and AdamW state per "
                      "GPU for RoBERTa-wwm-ext-large with a 10-class head, at k = 16",
                      _adamw_state_gigabytes),
-    "04b.1": Exercise("the 🤗 Trainer's update against the truth",
+    "04b.1": _Exercise("the 🤗 Trainer's update against the truth",
                       "a number: how many times the true update the Trainer's SGD update is",
                       _trainer_factor),
-    "04b.2": Exercise("Accelerate on a partial last window",
+    "04b.2": _Exercise("Accelerate on a partial last window",
                       "a number: how many times the true update Accelerate's SGD update is, "
                       "on a window of 2 micro-batches with k = 4", _accelerate_partial_window),
-    "05.1": Exercise("bytes DDP all-reduces in an epoch",
+    "05.1": _Exercise("bytes DDP all-reduces in an epoch",
                      "the bytes of gradients DDP hands to all-reduce on one rank over the epoch",
                      _allreduce_bytes),
-    "05.2": Exercise("optimizer steps per epoch under DistributedSampler",
+    "05.2": _Exercise("optimizer steps per epoch under DistributedSampler",
                      "the optimizer steps of one epoch: 50 samples, 2 ranks, micro-batches of 4, "
                      "k = 2", _steps_per_epoch),
-    "06.1": Exercise("the square-root learning-rate rule",
+    "06.1": _Exercise("the square-root learning-rate rule",
                      "the square-root rule's learning rate for a batch of 256, from 2e-5 at 32",
                      _sqrt_learning_rate),
-    "06.2": Exercise("optimizer steps for an epoch with a partial window",
+    "06.2": _Exercise("optimizer steps for an epoch with a partial window",
                      "the optimizer (and scheduler) steps of 10 micro-batches with k = 4",
-                     _engine_steps),
-    "07.1": Exercise("micro-batches in the first step of an epoch",
+                     _partial_window_steps),
+    "07.1": _Exercise("micro-batches in the first step of an epoch",
                      "a number: how many micro-batches' gradients the first optimizer step of "
                      "the second epoch adds up (11 micro-batches an epoch, k = 4, counted from "
                      "each epoch's start)", _leftover_micro_batches),
-    "07.2": Exercise("the length of a learning-rate schedule",
+    "07.2": _Exercise("the length of a learning-rate schedule",
                      "a number: the optimizer steps of 3 epochs of 1,000 samples in "
                      "micro-batches of 8 with k = 4, partial windows stepped", _schedule_length),
-    "08.1": Exercise("two pipeline schedule steps without zeroing",
+    "08.1": _Exercise("two pipeline schedule steps without zeroing",
                      "a number: a / b, where a g1 + b g2 is the gradient after two GPipe steps "
                      "of 4 micro-batches (mean losses, scale_grads=True) with no zero_grad "
                      "between them", _pipeline_steps_ratio),
-    "08.2": Exercise("the load-balancing loss of a window",
+    "08.2": _Exercise("the load-balancing loss of a window",
                      "a number: the window's load-balancing loss 2 sum_e f_e P_e from the "
                      "window's token shares and mean probabilities, over both micro-batches",
                      _window_load_balancing_loss),
