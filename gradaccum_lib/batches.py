@@ -29,7 +29,6 @@ __all__ = [
     "batch_size",
     "check_batch_collection",
     "check_loss_output",
-    "check_num_items",
     "concatenate_micro_batches",
     "LossFn",
     "loss_pair",
@@ -236,7 +235,7 @@ def loss_pair(output: object, micro_step: int) -> tuple[Tensor, Tensor | float]:
     )
 
 
-def check_num_items(count: float, micro_step: int) -> None:
+def _check_num_items(count: float, micro_step: int) -> None:
     """Raise a ValueError naming ``micro_step`` unless ``count`` is finite and >= 0."""
     if not (math.isfinite(count) and count >= 0):
         raise ValueError(
@@ -252,7 +251,7 @@ def check_loss_output(output: object, micro_step: int) -> tuple[Tensor, float]:
     """
     summed_loss, num_items = loss_pair(output, micro_step)
     count = float(num_items.item()) if isinstance(num_items, Tensor) else num_items
-    check_num_items(count, micro_step)
+    _check_num_items(count, micro_step)
     if not torch.isfinite(summed_loss.detach()).item():
         raise NonFiniteLossError(micro_step, summed_loss.item())
     return summed_loss, count

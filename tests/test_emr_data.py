@@ -15,13 +15,13 @@ from gradaccum_lib.workloads.data import (
     pad_to_width,
 )
 from gradaccum_lib.workloads.emr_corpus import (
-    DATA_DIR,
     _DIAGNOSES,
+    DATA_DIR,
     LABELS,
     _build_vocabulary,
-    corpus_statistics,
-    generate_emr_corpus,
+    _generate_emr_corpus,
     _write_emr_corpus,
+    corpus_statistics,
 )
 from gradaccum_lib.workloads.models import make_tiny_bert, make_tiny_causal_lm
 
@@ -32,12 +32,12 @@ def tokenizer():
 
 
 def test_generator_is_deterministic_and_seed_dependent():
-    assert generate_emr_corpus(50, seed=3) == generate_emr_corpus(50, seed=3)
-    assert generate_emr_corpus(50, seed=3) != generate_emr_corpus(50, seed=4)
+    assert _generate_emr_corpus(50, seed=3) == _generate_emr_corpus(50, seed=3)
+    assert _generate_emr_corpus(50, seed=3) != _generate_emr_corpus(50, seed=4)
 
 
 def test_corpus_distributions_imbalance_lengths_sections_negations():
-    records = generate_emr_corpus(2000, seed=7)
+    records = _generate_emr_corpus(2000, seed=7)
     stats = corpus_statistics(records)
     counts = stats["label_counts"]
     assert set(counts) == set(LABELS) and all(c > 0 for c in counts.values())

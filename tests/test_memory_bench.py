@@ -8,7 +8,7 @@ from torch import nn
 
 from gradaccum_lib import split_into_micro_batches
 from gradaccum_lib.losses import sample_classification_loss
-from gradaccum_lib.measure.bench import Timing, paired_ratio, steady_allocator, time_interleaved
+from gradaccum_lib.measure.bench import Timing, _steady_allocator, paired_ratio, time_interleaved
 from gradaccum_lib.measure.memory import (
     activation_bytes,
     cuda_peak_bytes,
@@ -194,9 +194,9 @@ def test_rounds_run_without_garbage_collection_and_ratios_pair_rounds():
 
 
 def test_steady_allocator_fixes_glibcs_thresholds():
-    assert steady_allocator() is True  # Linux with glibc, as CI runs
+    assert _steady_allocator() is True  # Linux with glibc, as CI runs
     with pytest.raises(ValueError, match="threshold_bytes must be a positive int"):
-        steady_allocator(0)
+        _steady_allocator(0)
 
 
 def test_fit_step_time_recovers_a_line_and_models_windows():

@@ -10,7 +10,7 @@ import torch
 
 from gradaccum_lib.losses import cross_entropy_sum, info_nce_loss
 from gradaccum_lib.runtime import (
-    PROFILES,
+    _PROFILES,
     choose_device,
     get_profile,
     make_deterministic,
@@ -18,8 +18,8 @@ from gradaccum_lib.runtime import (
     set_seed,
 )
 from gradaccum_lib.workloads.data import (
-    IGNORE_INDEX,
     _PAD_ID,
+    IGNORE_INDEX,
     make_toy_classification,
     make_toy_token_batch,
 )
@@ -29,7 +29,7 @@ from gradaccum_lib.workloads.models import TokenTagger, make_mlp
 def test_profile_from_argument_environment_and_default(monkeypatch):
     assert get_profile("gpu").name == "gpu"
     monkeypatch.setenv("GRADACCUM_PROFILE", "ci")
-    assert get_profile() is PROFILES["ci"]
+    assert get_profile() is _PROFILES["ci"]
     monkeypatch.delenv("GRADACCUM_PROFILE")
     expected = "gpu" if torch.cuda.is_available() else "cpu"
     assert get_profile().name == expected
@@ -39,7 +39,7 @@ def test_profile_from_argument_environment_and_default(monkeypatch):
 
 
 def test_profiles_grow_from_ci_to_gpu():
-    ci, cpu, gpu = PROFILES["ci"], PROFILES["cpu"], PROFILES["gpu"]
+    ci, cpu, gpu = _PROFILES["ci"], _PROFILES["cpu"], _PROFILES["gpu"]
     assert ci.num_samples < cpu.num_samples < gpu.num_samples
 
 

@@ -10,10 +10,10 @@ from gradaccum_lib.measure.memory import memory_budget
 from gradaccum_lib.measure.planning import StepTimeModel, plan_accumulation
 from gradaccum_lib.notebook.plots import plot_accumulation_plan, plot_curves, plot_memory_breakdown
 from gradaccum_lib.notebook.widgets import (
-    accumulation_explorer,
     _describe_plan,
     _figure_png,
     _show_figure,
+    accumulation_explorer,
 )
 
 STEP_TIME = StepTimeModel(overhead_per_micro_step=0.002, seconds_per_sample=0.0001)
@@ -71,7 +71,7 @@ def test_figure_png_renders_in_memory(tmp_path, monkeypatch):
 def test_every_slider_spans_most_of_the_notebook_width():
     from ipywidgets import widgets as ipw
 
-    from gradaccum_lib.measure.planning import _TransformerActivations, TransformerShape
+    from gradaccum_lib.measure.planning import TransformerShape, _TransformerActivations
     from gradaccum_lib.notebook.widgets import (
         cluster_explorer,
         ddp_time_explorer,
@@ -104,7 +104,7 @@ def _png_size(png: bytes) -> tuple[int, int]:
 
 
 def _figure_explorers():
-    from gradaccum_lib.measure.planning import _TransformerActivations, TransformerShape
+    from gradaccum_lib.measure.planning import TransformerShape, _TransformerActivations
     from gradaccum_lib.notebook.widgets import cluster_explorer, ddp_time_explorer
 
     shape = TransformerShape(params_outside=10**6, params_per_layer=10**5,

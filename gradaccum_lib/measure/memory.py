@@ -13,7 +13,7 @@
 - :func:`tensor_peak_bytes` reports, on any device, the peak bytes of the tensors a step
   allocates and holds at once, counted exactly from the operators' outputs (a
   ``TorchDispatchMode``): the same number on every run, unlike a process's resident memory,
-  which the C allocator decides when to hand back. :func:`counting_tensor_bytes` is the same
+  which the C allocator decides when to hand back. :func:`_counting_tensor_bytes` is the same
   count as a context manager, to read what is held at a chosen point (``.live``): it sees the
   buffers DDP's reducer allocates, which a parameter or ``.grad`` walk cannot.
 """
@@ -39,7 +39,6 @@ from ..runtime import check_bool, check_choice, check_number, check_positive_int
 
 __all__ = [
     "activation_bytes",
-    "counting_tensor_bytes",
     "cuda_peak_bytes",
     "memory_budget",
     "MemoryBreakdown",
@@ -276,7 +275,7 @@ class _LiveStorageBytes(TorchDispatchMode):
 
 
 @contextmanager
-def counting_tensor_bytes() -> Iterator[_LiveStorageBytes]:
+def _counting_tensor_bytes() -> Iterator[_LiveStorageBytes]:
     """Count, while active, the bytes of the tensor storages operators create (on any device;
     kernels' private scratch buffers are not seen): yields a counter whose ``.live`` is what
     is held now and ``.peak`` the most held at once. Garbage collection is paused meanwhile
@@ -300,6 +299,6 @@ def tensor_peak_bytes(step: Callable[[], object]) -> int:
     """
     if not callable(step):
         raise TypeError(f"step must be a callable taking no argument; got {type(step).__name__}")
-    with counting_tensor_bytes() as tracker:
+    with _counting_tensor_bytes() as tracker:
         step()
     return tracker.peak
