@@ -7,8 +7,9 @@ real run needs. On every rank, for its micro-batches of the global window:
 2. **accumulate**: forward and backward per micro-batch, each micro-batch's SUMMED loss as it
    is; gradients sync across ranks on the LAST micro-step only, a flag set BEFORE the forward
    (DDP ``no_sync``; FSDP2 ``set_requires_gradient_sync``);
-3. **count**: the window's items and summed loss over every rank, one ``dist.all_reduce``;
-   a non-finite loss or a bad count raises, no step;
+3. **count**: the window's items and summed loss over every rank, one ``dist.all_reduce``
+   started once the last forward has given the last count, so that it runs during the last
+   backward; a non-finite loss or a bad count raises, no step;
 4. **rescale** once, to the mean over the GLOBAL window's items (exact: gradients are linear in
    the loss; uneven micro-batches and ranks, token losses, a partial window included);
 5. **clip** the accumulated gradient (not finite: an error, or GradScaler's skip);
@@ -92,27 +93,27 @@ def accumulate_window(  # noqa: PLR0913
     losses: list[Tensor] = []  # each micro-batch's summed loss, detached
     counts: list[Tensor] = []  # and its items: tensors, so that nothing waits for the device
     for micro_step, micro_batch in enumerate(window):
-        sync = micro_step == len(window) - 1 or sync_every_micro_step
+        last = micro_step == len(window) - 1
         # DDP's forward tells its reducer whether this backward syncs: set the flag BEFORE it
-        with _gradient_sync(model, sync):
+        with _gradient_sync(model, last or sync_every_micro_step):
             with amp:
                 summed_loss, num_items = loss_pair(loss_fn(model, micro_batch), micro_step)
             if not summed_loss.requires_grad:
                 raise ValueError(f"the loss of micro-batch {micro_step} does not require "
                                  "grad: loss_fn must not detach it or run under no_grad()")
+            losses.append(summed_loss.detach())
+            counts.append(torch.as_tensor(num_items, dtype=torch.float64, device=device))
+            if last:  # every count is known: one collective for the window, run while the
+                # last backward runs: items, summed loss and the counts' negative part (not 0
+                # if a count is negative or NaN; an infinite count makes items infinite)
+                totals = torch.stack([torch.stack(counts).sum(), torch.stack(losses).double().sum(),
+                                      torch.stack(counts).clamp(max=0).sum()])
+                work = dist.all_reduce(totals, async_op=True) if world_size > 1 else None
             (summed_loss if scaler is None else scaler.scale(summed_loss)).backward()
-        losses.append(summed_loss.detach())
-        counts.append(torch.as_tensor(num_items, dtype=torch.float64, device=device))
         if after_backward is not None:
             after_backward(micro_step, float(num_items))
-
-    # one collective for the whole window: items, summed loss, and the counts' negative part
-    # (not 0 if a count is negative or NaN; an infinite count makes items infinite)
-    counts_tensor = torch.stack(counts)
-    totals = torch.stack([counts_tensor.sum(), torch.stack(losses).double().sum(),
-                          counts_tensor.clamp(max=0).sum()])
-    if world_size > 1:
-        dist.all_reduce(totals)
+    if work is not None:
+        work.wait()
     items, loss_sum, bad = totals.tolist()
     if bad or not (math.isfinite(items) and math.isfinite(loss_sum)) or items <= 0:
         optimizer.zero_grad(set_to_none=True)
@@ -134,9 +135,8 @@ def accumulate_window(  # noqa: PLR0913
         name = _first_non_finite_gradient(model)
         optimizer.zero_grad(set_to_none=True)
         raise NonFiniteGradientError(
-            f"the accumulated gradient is not finite (first at parameter {name!r}); no step "
-            "was taken and the gradients were cleared. A 16-bit model needs float32 "
-            "parameters and autocast_dtype (fp16: with a GradScaler)")
+            f"the accumulated gradient is not finite (first at parameter {name!r}); no step, "
+            "gradients cleared. A 16-bit model needs float32 parameters and autocast_dtype")
     if scaler is None:
         optimizer.step()
     else:
