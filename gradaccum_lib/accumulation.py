@@ -175,9 +175,13 @@ def _check_arguments(model: object, optimizer: object, window: object,  # noqa: 
     if strangers:
         raise ValueError(f"optimizer holds {strangers} parameter(s) that are not the "
                          "model's; build it from model.parameters()")
-    if isinstance(window, (Tensor, dict)) or not isinstance(window, Sequence):
+    if isinstance(window, (Tensor, dict, str)) or not isinstance(window, Sequence):
         raise TypeError("window must be a list of micro-batches (e.g. from "
                         f"split_into_micro_batches); got {type(window).__name__}")
+    if isinstance(window, tuple) and window and all(isinstance(x, Tensor) for x in window):
+        raise TypeError("window is a tuple of tensors: one batch such as (inputs, labels), not "
+                        "a list of micro-batches; pass [batch] or split_into_micro_batches(batch, "
+                        "accumulation_steps=k)")
     if not window:
         raise ValueError("window is empty; it needs at least one micro-batch")
     if not callable(loss_fn):
