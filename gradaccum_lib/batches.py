@@ -205,7 +205,7 @@ def concatenate_micro_batches(micro_batches: Sequence[Batch]) -> Batch:
 def loss_pair(output: object, micro_step: int) -> tuple[Tensor, Tensor | float]:
     """Return the ``(summed_loss, num_items)`` pair of a loss function's output, its kinds and
     shapes checked and nothing read from the device (a tensor count stays a tensor): the
-    engine's per-micro-step check. :func:`check_loss_output` also reads and checks values."""
+    loop's per-micro-step check. :func:`check_loss_output` also reads and checks values."""
     if not isinstance(output, tuple) or len(output) != 2:
         raise TypeError(
             "loss_fn must return a tuple (summed_loss, num_items); "

@@ -1,6 +1,6 @@
 """What a worker needs to take part in gradient accumulation across ranks: join the process
-group (gloo on CPU, nccl on CUDA) and leave it cleanly. How the engine skips DDP's gradient
-sync on a window's inner micro-steps is the engine's own (:mod:`gradaccum_lib.accumulation`).
+group (gloo on CPU, nccl on CUDA) and leave it cleanly. How the loop skips DDP's gradient
+sync on a window's inner micro-steps is the loop's own (:mod:`gradaccum_lib.accumulation`).
 
 ``torchrun`` starts the processes; :func:`init_distributed` meets the other ranks through
 torchrun's store, or through the file that :func:`gradaccum_lib.jobs.launch.launch` names in

@@ -10,8 +10,8 @@ functions (:mod:`gradaccum_lib.equivalence`, which re-exports them) and of the a
 - :func:`check_finite_gradients` refuses a NaN or infinite ``.grad``, naming the parameter;
 - :func:`max_gradient_difference` and :func:`flatten_gradients` compare and flatten two sets.
 
-The ground truth shares no code with the engine it judges (beyond the loss contract): the
-engine's norm, rescale and finiteness passes are its own, in :mod:`gradaccum_lib.accumulation`.
+The ground truth shares no code with the loop it judges (beyond the loss contract): the
+loop's norm, rescale and finiteness checks are its own, in :mod:`gradaccum_lib.accumulation`.
 """
 
 from __future__ import annotations

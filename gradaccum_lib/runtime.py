@@ -247,7 +247,7 @@ def check_choice(label: str, value: object, choices: Collection[str]) -> str:
 
 def check_model(model: object) -> None:
     """Raise unless ``model`` is an ``nn.Module`` with trainable parameters, all of one dtype
-    (the engine and the ground truth both refuse a mix, naming two parameters)."""
+    (the loop and the ground truth both refuse a mix, naming two parameters)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
     if not any(p.requires_grad for p in model.parameters()):

@@ -1,6 +1,6 @@
 """The caller's side of a torchrun run: :func:`launch`, and the command line for people.
 
-Distributed code runs under the real engine: :func:`launch` runs torchrun from a notebook or
+Distributed code runs under a real torchrun: :func:`launch` runs torchrun from a notebook or
 a test in a subprocess with its own session and a timeout, and returns what rank 0 wrote. Its
 errors carry the failing ranks' stderr and, on a timeout, the ranks that had not finished
 with their Python stacks. The subprocess is :func:`~gradaccum_lib.jobs.agent.run_agent`,
