@@ -15,6 +15,11 @@ real run needs. On every rank, for its micro-batches of the global window:
 5. **clip** the accumulated gradient (not finite: an error, or GradScaler's skip);
 6. **step** the optimizer and, if it stepped, the scheduler, once.
 
+On several ranks the door's checks end with one small all-reduce of each rank's number of
+micro-batches, before any forward: a rank whose data ran out a window early (an empty window)
+makes every rank raise an error naming it, where the others would wait in a collective it never
+joins. Ranks are counted in DDP's own process group (``model.process_group``).
+
 Why backward the sum and rescale after (torchtune's way) rather than count first
 (torchtitan's): under the series' contract ``loss_fn(model, micro_batch) -> (summed_loss,
 num_items)`` the count comes out of the forward pass, so it is known only once every
@@ -84,7 +89,8 @@ def accumulate_window(  # noqa: PLR0913
     """
     _check_arguments(model, optimizer, window, loss_fn, scheduler, scaler, max_grad_norm,
                      autocast_dtype, sync_every_micro_step, after_backward)
-    world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    group = getattr(model, "process_group", None)  # DDP's group; None: the default one
+    world_size = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
     device = next(model.parameters()).device  # nccl reduces tensors on the model's device
     # made once, entered every micro-step (a disabled torch.autocast still costs its entry)
     amp = (torch.autocast(device.type, autocast_dtype) if autocast_dtype is not None
@@ -108,7 +114,7 @@ def accumulate_window(  # noqa: PLR0913
                 # if a count is negative or NaN; an infinite count makes items infinite)
                 totals = torch.stack([torch.stack(counts).sum(), torch.stack(losses).double().sum(),
                                       torch.stack(counts).clamp(max=0).sum()])
-                work = dist.all_reduce(totals, async_op=True) if world_size > 1 else None
+                work = dist.all_reduce(totals, group=group, async_op=True) if world_size > 1 else None
             (summed_loss if scaler is None else scaler.scale(summed_loss)).backward()
         if after_backward is not None:
             after_backward(micro_step, float(num_items))
@@ -131,12 +137,8 @@ def accumulate_window(  # noqa: PLR0913
     else:
         norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
     grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-    if not math.isfinite(grad_norm) and scaler is None:
-        name = _first_non_finite_gradient(model)
-        optimizer.zero_grad(set_to_none=True)
-        raise NonFiniteGradientError(
-            f"the accumulated gradient is not finite (first at parameter {name!r}); no step, "
-            "gradients cleared. A 16-bit model needs float32 parameters and autocast_dtype")
+    if not math.isfinite(grad_norm) and scaler is None:  # no step; names the culprit
+        _raise_non_finite_gradient(model, optimizer)
     if scaler is None:
         optimizer.step()
     else:
@@ -182,8 +184,6 @@ def _check_arguments(model: object, optimizer: object, window: object,  # noqa: 
         raise TypeError("window is a tuple of tensors: one batch such as (inputs, labels), not "
                         "a list of micro-batches; pass [batch] or split_into_micro_batches(batch, "
                         "accumulation_steps=k)")
-    if not window:
-        raise ValueError("window is empty; it needs at least one micro-batch")
     if not callable(loss_fn):
         raise TypeError("loss_fn must be callable as loss_fn(model, micro_batch) -> "
                         f"(summed_loss, num_items); got {type(loss_fn).__name__}")
@@ -210,13 +210,38 @@ def _check_arguments(model: object, optimizer: object, window: object,  # noqa: 
     if after_backward is not None and not callable(after_backward):
         raise TypeError("after_backward must be None or callable as after_backward(micro_step, "
                         f"num_items); got {type(after_backward).__name__}")
-    world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    group = getattr(model, "process_group", None)  # DDP's group; None: the default one
+    world_size = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+    if not window and world_size == 1:  # on several ranks, every rank learns of it and stops
+        raise ValueError("window is empty; it needs at least one micro-batch")
     if world_size > 1 and not (isinstance(model, nn.parallel.DistributedDataParallel)
                                or callable(getattr(model, "set_requires_gradient_sync", None))):
         raise ValueError(
             f"model is a plain {type(model).__name__} but the process group has {world_size} "
             "ranks: its gradients would never be synchronised and the ranks would drift apart; "
             "wrap it in DistributedDataParallel or shard it with fully_shard (FSDP2)")
+    if world_size > 1:  # before any forward (DDP's and FSDP2's run collectives), so that a
+        # rank whose data ran out stops every rank instead of leaving them in a collective
+        _agree_on_window(len(window), next(model.parameters()).device, group)
+
+
+def _agree_on_window(micro_batches: int, device: torch.device,
+                     group: dist.ProcessGroup | None) -> None:
+    """Share every rank's number of micro-batches (one all-reduce, before any forward); if a
+    rank has none (its data ran out a window early), raise on every rank, naming it: the others
+    would otherwise wait in a collective it never joins (gloo: "Connection closed by peer";
+    nccl: until the timeout)."""
+    sizes = torch.zeros(dist.get_world_size(group), dtype=torch.int64, device=device)
+    sizes[dist.get_rank(group)] = micro_batches
+    dist.all_reduce(sizes, group=group)
+    per_rank = sizes.tolist()
+    if 0 in per_rank:
+        empty = [rank for rank, size in enumerate(per_rank) if size == 0]
+        raise ValueError(
+            f"rank {', '.join(map(str, empty))} passed an empty window (micro-batches per rank: "
+            f"{per_rank}): its data ran out before the other ranks'. Every rank stops here; give "
+            "every rank the same number of windows (DistributedSampler pads its shards to equal "
+            "length; Accelerate has even_batches, DDP has join())")
 
 
 def _raise_bad_window(losses: list[Tensor], counts: list[Tensor], items: float,
@@ -239,13 +264,17 @@ def _raise_bad_window(losses: list[Tensor], counts: list[Tensor], items: float,
     raise ValueError("the window covers no items (every num_items was 0 on every rank)")
 
 
-def _first_non_finite_gradient(model: nn.Module) -> str | None:
-    """The name of the first parameter whose ``.grad`` holds a NaN or an inf, or None (an
-    FSDP2 shard is checked whole: every rank must call it)."""
-    for name, parameter in model.named_parameters():
-        if parameter.grad is not None:
-            grad = parameter.grad
+def _raise_non_finite_gradient(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Clear the gradients and raise, naming the first of the optimizer's parameters whose
+    ``.grad`` holds a NaN or an inf (an FSDP2 shard is checked whole: every rank calls it)."""
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    name = None
+    for candidate, parameter in model.named_parameters():
+        grad = parameter.grad
+        if id(parameter) in stepped and grad is not None and name is None:
             grad = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
-            if not bool(torch.isfinite(grad).all()):
-                return name
-    return None
+            name = None if bool(torch.isfinite(grad).all()) else candidate
+    optimizer.zero_grad(set_to_none=True)
+    raise NonFiniteGradientError(
+        f"the accumulated gradient is not finite (first at parameter {name!r}); no step, "
+        "gradients cleared. A 16-bit model needs float32 parameters and autocast_dtype")

@@ -271,9 +271,10 @@ def test_every_rank_raises_and_ddp_and_fsdp2_equal_the_ground_truth():
     assert hooked["hook_syncs_per_window"] == [1, 1, 1, 1]
     assert hooked["slot_after"].startswith("taken")
     assert result["ddp"]["slot_after"] == "free"  # the loop registered no hook of its own
-    # the loop's own collective: one all_reduce a window (DDP's C++ hook is not seen here)
-    assert result["ddp"]["all_reduces_per_window"] == [1, 1, 1, 1]
-    assert hooked["all_reduces_per_window"] == [2, 2, 2, 2]
+    # the loop's own collectives: two small all_reduces a window (the ranks' micro-batch
+    # counts before the first forward, the totals after the last); DDP's C++ hook is not seen
+    assert result["ddp"]["all_reduces_per_window"] == [2, 2, 2, 2]
+    assert hooked["all_reduces_per_window"] == [3, 3, 3, 3]
     # a NaN on rank 1 only: both ranks raise (rank 1 names its micro-batch), no step anywhere
     for kind in ("ddp", "fsdp2"):
         nan = result[f"nan, {kind}"]
@@ -287,6 +288,16 @@ def test_every_rank_raises_and_ddp_and_fsdp2_equal_the_ground_truth():
         "returned an invalid one",
         "ValueError: loss_fn's num_items must be finite and >= 0; got -1.0 at micro-batch 1"]
     assert count["stepped"] == [False, False]
+    # rank 1's data ran out (an empty window): both ranks raise at once, naming rank 1, and
+    # neither steps; without the loop's agreement rank 0 died in gloo ("Connection closed by
+    # peer") or, under nccl, would wait for the collective's timeout
+    for kind in ("ddp", "fsdp2"):
+        empty = result[f"empty, {kind}"]
+        assert empty["raised"] == ["ValueError: rank 1 passed an empty window (micro-batches per "
+                                   "rank: [2, 0]): " + empty["raised"][0].split("]): ", 1)[1]] * 2
+        assert "data ran out" in empty["raised"][0], empty
+        assert empty["stepped"] == [False, False], empty
+        assert max(empty["seconds"]) < 10, empty
 
 
 class _CountOps(TorchDispatchMode):

@@ -301,6 +301,25 @@ def test_uneven_samples_over_ranks_are_reported_and_drop_last_drops_them():
                     2000, 2)
 
 
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("samples", [96, 97, 98, 101])
+@pytest.mark.parametrize("world_size", [2, 3, 8])
+def test_every_rank_of_the_job_has_the_same_number_of_windows(samples, world_size, drop_last):
+    """The job's ranks never disagree about a window (issue 39): its sampler pads (or drops)
+    the shards to one length, so every rank runs out of data at the same window."""
+    from types import SimpleNamespace
+
+    from gradaccum_lib.batches import windows_of
+    from gradaccum_lib.jobs.train import _rows
+
+    job = SimpleNamespace(columns={"labels": torch.zeros(samples)},
+                          ctx=SimpleNamespace(world_size=world_size),
+                          arguments=SimpleNamespace(seed=3, drop_last=drop_last))
+    windows = {len(list(windows_of(_rows(job, 1, rank).split(4), 3)))
+               for rank in range(world_size)}
+    assert len(windows) == 1, windows
+
+
 def test_resume_without_a_checkpoint_says_so_and_starts_from_step_0(tmp_path, capsys):
     argv = [*JOB[2:], "--train-samples", "16", "--epochs", "1", "--checkpoint-dir",
             str(tmp_path), "--resume"]

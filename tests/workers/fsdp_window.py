@@ -8,13 +8,15 @@ parameters, the windows' items and losses, the all-reduces per window
 (``ProcessGroup.allreduce``, whoever calls it) and the hook's synchronising backward passes.
 After training, registering a hook must work on a model without one (the loop took no slot)
 and fail on a model with the user's. Then a NaN loss on rank 1's second micro-batch: every rank
-raises, no rank steps; the same with a count of -1 there. Rank 0 writes JSON.
+raises, no rank steps; the same with a count of -1 there; then a window rank 1 has no
+micro-batches for (its data ran out): every rank raises, naming rank 1. Rank 0 writes JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import torch
 import torch.distributed as dist
@@ -115,6 +117,22 @@ def _window_samples(batch: tuple, rank: int, w: int) -> tuple:
     return batch[0][start:end], batch[1][start:end]
 
 
+def _empty_case(how: str, window: list, rank: int) -> tuple[str, bool, float]:
+    """One window that rank 1 has no micro-batches for (its data ran out): what each rank
+    raised, whether it stepped, and how long the call took."""
+    model = _model(how)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    before = _parameters(model)
+    start = time.monotonic()
+    try:
+        accumulate_window(model, optimizer, window if rank == 0 else [],
+                          sample_classification_loss)
+        raised = "no error"
+    except ValueError as error:
+        raised = f"{type(error).__name__}: {error}"
+    return raised, _parameters(model) != before, time.monotonic() - start
+
+
 def _bad_case(how: str, window: list, rank: int, what: str) -> tuple[str, bool]:
     """One window in which rank 1's second micro-batch has a NaN loss (``what="nan"``) or a
     count of -1 (``"count"``): what each rank raised, and whether it stepped."""
@@ -165,6 +183,12 @@ def main() -> int:
             dist.all_gather_object(everywhere, (raised, stepped))
             results[f"{what}, {kind}"] = {"raised": [r for r, _ in everywhere],
                                           "stepped": [s for _, s in everywhere]}
+        for kind in ("ddp", "fsdp2"):
+            everywhere = [None, None]
+            dist.all_gather_object(everywhere, _empty_case(kind, windows[1], ctx.rank))
+            results[f"empty, {kind}"] = {"raised": [r for r, _, _ in everywhere],
+                                         "stepped": [s for _, s, _ in everywhere],
+                                         "seconds": [t for _, _, t in everywhere]}
         if ctx.is_main:
             with open(arguments.json, "w") as handle:
                 json.dump(results, handle)
