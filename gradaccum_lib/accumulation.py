@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -85,7 +85,8 @@ def accumulate_window(  # noqa: PLR0913
     (plain, DDP with your comm hook, or ``fully_shard``-ed). ``scaler``: a GradScaler for
     fp16; ``autocast_dtype``: the forward's autocast dtype (bf16 or fp16).
     ``sync_every_micro_step=True`` syncs every micro-step (the slow way, for comparison);
-    ``after_backward(micro_step, num_items)`` sees the summed gradients after each backward.
+    ``after_backward(micro_step, num_items)`` sees the summed gradients after each backward
+    (after the last one, already synced across ranks and not yet rescaled).
     """
     _check_arguments(model, optimizer, window, loss_fn, scheduler, scaler, max_grad_norm,
                      autocast_dtype, sync_every_micro_step, after_backward)
@@ -114,7 +115,8 @@ def accumulate_window(  # noqa: PLR0913
                 # if a count is negative or NaN; an infinite count makes items infinite)
                 totals = torch.stack([torch.stack(counts).sum(), torch.stack(losses).double().sum(),
                                       torch.stack(counts).clamp(max=0).sum()])
-                work = dist.all_reduce(totals, group=group, async_op=True) if world_size > 1 else None
+                work = (dist.all_reduce(totals, group=group, async_op=True) if world_size > 1
+                        else None)
             (summed_loss if scaler is None else scaler.scale(summed_loss)).backward()
         if after_backward is not None:
             after_backward(micro_step, float(num_items))
@@ -157,8 +159,19 @@ def _gradient_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextMa
     if isinstance(model, nn.parallel.DistributedDataParallel):
         return contextlib.nullcontext() if sync else model.no_sync()
     if callable(getattr(type(model), "set_requires_gradient_sync", None)):  # FSDP2's class
-        model.set_requires_gradient_sync(sync)
+        return _fsdp2_sync(model, sync)
     return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _fsdp2_sync(model: nn.Module, sync: bool) -> Iterator[None]:
+    """FSDP2's setting as a context, as DDP's ``no_sync`` is: set before the forward, back to
+    its default (sync) after the backward, or when ``loss_fn`` or the backward raises."""
+    model.set_requires_gradient_sync(sync)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 # Checks at the door, and the errors of a bad window. ------------------------------------------
@@ -253,6 +266,9 @@ def _raise_bad_window(losses: list[Tensor], counts: list[Tensor], items: float,
         if not (math.isfinite(float(count)) and float(count) >= 0):
             raise ValueError(f"loss_fn's num_items must be finite and >= 0; got "
                              f"{float(count)} at micro-batch {micro_step}")
+    if not bad and math.isinf(items) and all(math.isfinite(float(c)) for c in counts):
+        raise ValueError(f"the window's item count overflowed to {items}: loss_fn's num_items "
+                         "are finite but too large to add up")
     if bad or not math.isfinite(items):
         raise ValueError("loss_fn's num_items must be finite and >= 0; a micro-batch on "
                          "another rank returned an invalid one")

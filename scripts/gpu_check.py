@@ -395,7 +395,7 @@ def _release_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def loop_step(amp_dtype: torch.dtype | None, skipped_steps: list[int]) -> Callable:
+def loop_step(autocast_dtype: torch.dtype | None, skipped_steps: list[int]) -> Callable:
     """Return a step function for ``audit_update``: ``accumulate_window`` over the window until
     it takes its step. fp16 on CUDA runs with a GradScaler, which may find the gradients
     overflow while it settles on its scale: such a step is skipped (parameters untouched, scale
@@ -407,10 +407,10 @@ def loop_step(amp_dtype: torch.dtype | None, skipped_steps: list[int]) -> Callab
     def step(model: torch.nn.Module, micro_batches: list, make_optimizer: Callable) -> None:
         optimizer = make_optimizer(model.parameters())
         cuda = next(model.parameters()).device.type == "cuda"
-        scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 and cuda else None
+        scaler = torch.amp.GradScaler("cuda") if autocast_dtype == torch.float16 and cuda else None
         skipped = 0
         while not accumulate_window(model, optimizer, micro_batches, bert_classification_loss,
-                                    scaler=scaler, autocast_dtype=amp_dtype).stepped:
+                                    scaler=scaler, autocast_dtype=autocast_dtype).stepped:
             skipped += 1
             if skipped > MAX_SKIPPED_STEPS:
                 raise RuntimeError(f"GradScaler skipped {skipped} steps in a row: the fp16 "

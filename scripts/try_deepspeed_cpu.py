@@ -123,7 +123,8 @@ def main() -> int:
                 f" relative difference {result.relative_difference:.1e}")
 
     print(f"SGD lr 0.1, micro-batches of {MICRO_BATCH}, gradient_accumulation_steps 4;"
-          " one window's update against the full-batch step (gradaccum_lib.audit_update):")
+          " one window's update against the full-batch step"
+          " (gradaccum_lib.equivalence.audit_update):")
     _attempt("full window (4 x 8)", lambda: audit(full))
     _attempt("partial last window, 2 of 4 (8 + 8)", lambda: audit(equal))
     _attempt("partial last window, 8 + 4", lambda: audit(uneven))

@@ -244,6 +244,37 @@ def test_a_bad_count_raises_naming_the_micro_batch_and_takes_no_step(count, mess
     assert all(p.grad is None for p in model.parameters())
 
 
+def test_counts_that_overflow_when_added_are_named_as_such_and_take_no_step():
+    model, optimizer, options = _setup()
+
+    def loss_fn(model, batch):
+        return sample_classification_loss(model, batch)[0], 1e308  # each finite; two: inf
+
+    with pytest.raises(ValueError, match=r"item count overflowed to inf: loss_fn's num_items "
+                                         r"are finite but too large to add up"):
+        accumulate_window(model, optimizer, _windows(4)[0], loss_fn, **options)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_fsdp2s_sync_setting_is_restored_when_loss_fn_raises_mid_window():
+    """FSDP2's sync flag is a setting, not a context: a loss_fn that raises on a no-sync
+    micro-step must not leave the module skipping its reduce-scatter for the next caller."""
+    from gradaccum_lib.accumulation import _gradient_sync
+
+    class Sharded(torch.nn.Linear):  # what the loop reads of an FSDP2 module: the setter
+        syncs = True
+
+        def set_requires_gradient_sync(self, sync: bool) -> None:
+            self.syncs = sync
+
+    model = Sharded(2, 2)
+    with pytest.raises(RuntimeError, match="loss_fn failed"):
+        with _gradient_sync(model, False):
+            assert model.syncs is False
+            raise RuntimeError("loss_fn failed")
+    assert model.syncs is True
+
+
 def test_a_window_without_items_raises_and_takes_no_step():
     model, optimizer, options = _setup()
     with pytest.raises(ValueError, match=r"window covers no items \(every num_items was 0"):

@@ -478,6 +478,11 @@ def test_an_epoch_whose_validation_record_is_lost_for_good_is_named_in_the_summa
     assert ("warning: epoch 0 has no validation record in " f"{tmp_path / 'epochs.json'}"
             " and its model is gone (the checkpoint is past it)") in err
     assert "3 epochs, 6 optimizer steps" in out
+    # 2 windows an epoch, warm-up 2: the 2-epoch schedule ended at rate 0 at step 4; the
+    # 3-epoch one decays to step 6, and says so rather than change the rate in silence
+    assert ("note: --epochs 3 changes the learning-rate schedule (its decay ends at the last "
+            "optimizer step): from step 4 the rate is 0.00025, where the checkpoint's run had "
+            "0") in out
     assert "    0   (no validation record)" in out
     log = json.loads((tmp_path / "log.json").read_text())
     assert [epoch["epoch"] for epoch in log["epochs"]] == [1, 2]

@@ -175,8 +175,8 @@ def _add_job_flags(add: Callable[..., object]) -> None:
 
 #: the flags that define a run: a checkpoint stores them, a resume must repeat them
 _RUN_FLAGS = ("model_size", "max_length", "dtype", "dropout", "micro_batch_size",
-             "accumulation_steps", "train_samples", "drop_last", "seed", "lr", "warmup_steps",
-             "max_grad_norm", "amp")
+             "accumulation_steps", "train_samples", "validation_samples", "drop_last", "seed",
+             "lr", "warmup_steps", "max_grad_norm", "amp")
 
 
 class JobError(ValueError):
@@ -600,6 +600,7 @@ def _resume(job: _Job) -> dict | None:
     job.base.load_state_dict(state["model"])
     job.optimizer.load_state_dict(state["optimizer"])
     job.scheduler.load_state_dict(state["scheduler"])
+    _restretch_schedule(job)
     if job.scaler is not None:
         job.scaler.load_state_dict(state["scaler"])
     own = state["ranks"][ctx.rank]
@@ -611,6 +612,25 @@ def _resume(job: _Job) -> dict | None:
     _recover_records(job, saved)
     return {"epoch": job.epoch, "window": job.windows_done,
             "optimizer_steps": job.optimizer_steps}
+
+
+def _restretch_schedule(job: _Job) -> None:
+    """Another ``--epochs`` than the checkpoint's run stretches or shrinks the schedule (its
+    decay ends at the last optimizer step): apply the new schedule's rate from here, and say
+    so, with the rate before (the restored optimizer's) and after."""
+    scheduler = job.scheduler
+    rates = [base * scheduler.lr_lambdas[0](scheduler.last_epoch) for base in scheduler.base_lrs]
+    groups = job.optimizer.param_groups
+    before = [group["lr"] for group in groups]
+    if all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15) for a, b in zip(rates, before)):
+        return
+    for group, rate in zip(groups, rates, strict=True):
+        group["lr"] = rate
+    if job.ctx.is_main:
+        print(f"note: --epochs {job.arguments.epochs} changes the learning-rate schedule (its "
+              f"decay ends at the last optimizer step): from step {scheduler.last_epoch} the "
+              f"rate is {rates[0]:.3g}, where the checkpoint's run had {before[0]:.3g}",
+              flush=True)
 
 
 def _saved_records(path: Path) -> list[dict]:

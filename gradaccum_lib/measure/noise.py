@@ -56,7 +56,9 @@ class NoiseScaleTracker:
     ``after_backward=tracker.after_backward`` to
     :func:`~gradaccum_lib.accumulation.accumulate_window`, then call ``tracker.end_window()``.
     Exponential moving averages of |G|² and tr Σ smooth the ratio's numerator and denominator
-    separately, as the paper recommends. Costs two flat copies of the gradient.
+    separately, as the paper recommends. Costs two flat copies of the gradient. One process
+    only: under DDP the last micro-step's gradient is already averaged over the ranks, so the
+    micro-batch estimates would mix ranks.
     """
 
     def __init__(self, parameters: Iterable[nn.Parameter], *, smoothing: float = 0.9) -> None:
