@@ -20,20 +20,37 @@ LAB_OVERRIDES := $(LAB_SETTINGS)/overrides.d/gradaccum.json
 
 setup: $(STAMP)
 
+# PyTorch's build. PyPI's torch is, on Linux, the CUDA build (several GB, useless without an
+# NVIDIA GPU), so where no NVIDIA GPU answers, torch comes from PyTorch's CPU index first (a
+# 192 MB wheel; 2.13.0+cpu satisfies the ==2.13.0 pin). TORCH_INDEX=<index URL> picks another
+# build (e.g. https://download.pytorch.org/whl/cu128); TORCH_INDEX= takes PyPI's. An installed
+# torch is kept.
+TORCH_PIN := $(shell sed -n 's/^ *"\(torch==[^"]*\)",$$/\1/p' pyproject.toml)
+TORCH_INDEX ?= $(shell nvidia-smi -L >/dev/null 2>&1 || echo https://download.pytorch.org/whl/cpu)
+
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@if [ -n "$(TORCH_INDEX)" ] && ! $(PY) -c "import torch" 2>/dev/null; then \
+		echo "installing $(TORCH_PIN) from $(TORCH_INDEX)"; \
+		$(PY) -m pip install --quiet --disable-pip-version-check --retries 1 --timeout 30 \
+			'$(TORCH_PIN)' --extra-index-url $(TORCH_INDEX); fi
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $@
 
 # The notebooks are trusted first (signatures go to Jupyter's local database, the files are not
 # written), so that JupyterLab draws their stored widgets before anything runs. The profile is
 # the committed outputs' (`ci`) unless GRADACCUM_PROFILE says otherwise.
+# Lab opens where the series starts, notebook 00: the Chinese twin where the locale is Chinese
+# (LANG or LC_ALL zh_*); LAB_START=<a path under notebooks/> opens another page.
+LAB_START ?= $(if $(filter zh%,$(LC_ALL) $(LANG)),zh/00_the_article.ipynb,00_the_article.ipynb)
+
 lab: $(STAMP) $(LAB_OVERRIDES)
 	@$(VENV)/bin/jupyter trust notebooks/*.ipynb notebooks/zh/*.ipynb
 	@profile="$${GRADACCUM_PROFILE:-ci}"; echo "make lab: GRADACCUM_PROFILE=$$profile" \
 		"(ci = the committed outputs' sizes; GRADACCUM_PROFILE=cpu|gpu make lab for others)"
 	GRADACCUM_PROFILE="$${GRADACCUM_PROFILE:-ci}" $(VENV)/bin/jupyter lab \
 		--notebook-dir=notebooks --port=$(LAB_PORT) --no-browser \
+		--LabApp.default_url=/lab/tree/$(LAB_START) \
 		$$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 lab-settings: $(LAB_OVERRIDES)
@@ -58,6 +75,8 @@ TEST_WORKERS ?= 2
 NBVAL_FLAGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
 	--nbval-cell-timeout=600
 
+# Unit tests and every notebook and solution under nbval: about 10 min on 2 cores. CI (.ci/run)
+# runs this, then test-browser.
 test: $(STAMP)
 	$(NOTEBOOK_ENV) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests notebooks \
 		-m "not browser" $(NBVAL_FLAGS)

@@ -8,7 +8,7 @@ Usage: python scripts/execute_notebooks.py notebooks/*.ipynb  (the Makefile's `n
 
 The series' run times have one source: each execution of a notebook of the series (in
 ``notebooks/`` or ``notebooks/solutions/``) records its wall time in
-``notebooks/run_times.json`` and writes the rounded figure into the notebook's header line
+``scripts/run_times.json`` and writes the rounded figure into the notebook's header line
 ("Run time on N CPU cores (`ci` profile): about T s.") and into the README's notebook table.
 ``tests/test_run_times.py`` checks that the three agree.
 """
@@ -28,7 +28,7 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
-RUN_TIMES = NOTEBOOKS / "run_times.json"
+RUN_TIMES = ROOT / "scripts" / "run_times.json"
 README = ROOT / "README.md"
 HEADER = re.compile(r"Run time on \d+ CPU cores? \(`ci` profile\): [^.\n]*\.")
 

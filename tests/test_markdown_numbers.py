@@ -37,12 +37,12 @@ CITED: dict[tuple[str, str], str] = {
         "the article's figure (GPU utilisation under 40%), quoted in 05 §5 (notebook 00 §6)",
     ("06_beyond.ipynb", "15%"): "a tolerance: 06 §1 asserts abs(estimate - truth) <= 0.15 * truth",
 }
-# each notebook's header states its run time, recorded in notebooks/run_times.json by
+# each notebook's header states its run time, recorded in scripts/run_times.json by
 # scripts/execute_notebooks.py (tests/test_run_times.py checks header, README and record agree)
 CITED.update({
-    (name, f"{max(5, 5 * math.ceil(seconds / 5))} s"): "run time, notebooks/run_times.json"
+    (name, f"{max(5, 5 * math.ceil(seconds / 5))} s"): "run time, scripts/run_times.json"
     for name, seconds in json.loads(
-        (ROOT / "notebooks" / "run_times.json").read_text())["seconds"].items()
+        (ROOT / "scripts" / "run_times.json").read_text())["seconds"].items()
     if "/" not in name
 })
 

@@ -1,4 +1,4 @@
-"""Run times have one source: notebooks/run_times.json, written by scripts/execute_notebooks.py
+"""Run times have one source: scripts/run_times.json, written by scripts/execute_notebooks.py
 when it executes a notebook; each notebook's header and the README's table state the same
 rounded figure."""
 
@@ -19,7 +19,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("0*.ipynb"))
 
 
 def _run_times() -> dict:
-    return json.loads((ROOT / "notebooks" / "run_times.json").read_text())
+    return json.loads((ROOT / "scripts" / "run_times.json").read_text())
 
 
 def test_run_times_were_measured_under_the_committed_profile() -> None:

@@ -622,7 +622,7 @@ def _restretch_schedule(job: _Job) -> None:
     rates = [base * scheduler.lr_lambdas[0](scheduler.last_epoch) for base in scheduler.base_lrs]
     groups = job.optimizer.param_groups
     before = [group["lr"] for group in groups]
-    if all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15) for a, b in zip(rates, before)):
+    if all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15) for a, b in zip(rates, before, strict=True)):
         return
     for group, rate in zip(groups, rates, strict=True):
         group["lr"] = rate
@@ -719,11 +719,26 @@ def _summary(job: _Job) -> str:
                       "epoch   loss  accuracy  macro-F1", *(rows[e] for e in sorted(rows))])
 
 
+def _threads() -> int:
+    """Set and return the job's intra-op threads: ``OMP_NUM_THREADS`` when it is set (torchrun
+    sets 1 for several processes a node), otherwise half the node's cores per process, at
+    least one. torch's default, a thread per core, fights whatever else runs on the machine:
+    on 2 cores beside another job, the README's command took 79 s with 1 thread and had not
+    finished its first epoch after 9 min with 2."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = max(1, (cores or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")) // 2)
+    torch.set_num_threads(threads)
+    return threads
+
+
 def _run(arguments: argparse.Namespace) -> dict:
     """Check the paths, build, resume, train, evaluate and save; return the log (complete
     on rank 0)."""
     _check_paths(arguments)
     ctx = init_distributed(arguments.timeout)
+    threads = _threads()
     started = time.perf_counter()
     set_seed(arguments.seed + ctx.rank)  # torch seeds itself randomly in each new process
     job, note = _build(arguments, ctx)
@@ -732,7 +747,8 @@ def _run(arguments: argparse.Namespace) -> dict:
     if ctx.is_main:
         print(f"effective batch = micro-batch {arguments.micro_batch_size} x k "
               f"{arguments.accumulation_steps} x world {ctx.world_size} = "
-              f"{job.effective_batch}; {job.windows_per_epoch} optimizer steps per epoch{note}"
+              f"{job.effective_batch}; {job.windows_per_epoch} optimizer steps per epoch; "
+              f"{threads} thread{'s' if threads > 1 else ''} per process{note}"
               + (f"; resumed at {resumed_from} (restart {restarts})" if resumed_from else ""),
               flush=True)
     _train(job)
