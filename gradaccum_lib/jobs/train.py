@@ -622,7 +622,8 @@ def _restretch_schedule(job: _Job) -> None:
     rates = [base * scheduler.lr_lambdas[0](scheduler.last_epoch) for base in scheduler.base_lrs]
     groups = job.optimizer.param_groups
     before = [group["lr"] for group in groups]
-    if all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15) for a, b in zip(rates, before, strict=True)):
+    if all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15)
+           for a, b in zip(rates, before, strict=True)):
         return
     for group, rate in zip(groups, rates, strict=True):
         group["lr"] = rate
