@@ -110,7 +110,7 @@ def accumulate_window(  # noqa: PLR0913
                                  "grad: loss_fn must not detach it or run under no_grad()")
             losses.append(summed_loss.detach())
             counts.append(torch.as_tensor(num_items, dtype=torch.float64, device=device))
-            if last:  # every count is known: one collective for the window, run while the
+            if last:  # every count is known: the totals in one collective, run while the
                 # last backward runs: items, summed loss and the counts' negative part (not 0
                 # if a count is negative or NaN; an infinite count makes items infinite)
                 totals = torch.stack([torch.stack(counts).sum(), torch.stack(losses).double().sum(),
