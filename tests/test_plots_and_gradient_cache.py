@@ -23,7 +23,18 @@ def test_plot_errors_returns_a_log_figure_and_clips_zeros_to_the_floor():
     exact_line = axes.get_lines()[0]
     assert list(exact_line.get_ydata()) == [1e-18, 1e-16, 2e-16]
     labels = [line.get_label() for line in axes.get_lines()]
-    assert labels == ["exact", "naive", "guide", "bound 1e-12"]
+    assert labels == ["exact", "naive", "guide", "bound 1e-12",
+                      "exact 0 (or below 1e-18), drawn at 1e-18"]
+    assert list(axes.get_lines()[-1].get_xdata()) == [1, 1]  # both zeros marked as such
+    nonzero = plot_errors([1, 2], {"a": [1e-3, 1e-2]}, xlabel="k").axes[0]
+    assert [line.get_label() for line in nonzero.get_lines()] == ["a"]  # nothing floored
+
+
+def test_plot_errors_draws_linear_growth_on_a_linear_axis_with_zeros_as_zeros():
+    axes = plot_errors([1, 2, 4], {"bytes": [0, 100, 400]}, xlabel="k", log_y=False).axes[0]
+    assert axes.get_yscale() == "linear"
+    assert list(axes.get_lines()[0].get_ydata()) == [0, 100, 400]
+    assert len(axes.get_lines()) == 1
 
 
 def test_plot_errors_rejects_mismatched_or_missing_series():

@@ -35,13 +35,17 @@ def plot_errors(
     reference: Mapping[str, Sequence[float]] | None = None,
     floor: float = 1e-18,
     log_x: bool = False,
+    log_y: bool = True,
 ) -> Figure:
-    """Return a log-scale line plot of each named error series against ``x``.
+    """Return a line plot, log-scale unless ``log_y=False`` (growth that is linear is read on a
+    linear axis), of each named error series against ``x``.
 
-    Values below ``floor`` (exact zeros included) are drawn at ``floor``, since a log axis has
-    no zero; ``bound``, if given, is drawn as a dashed horizontal line (an asserted limit), and
-    each ``reference`` series (a guide such as 1/sqrt(R)) as a dashed line without markers.
+    On a log axis values below ``floor`` (exact zeros included) are drawn at ``floor``, since a
+    log axis has no zero, and marked so (hollow triangles, one legend entry saying so);
+    ``bound``, if given, is drawn as a dashed horizontal line (an asserted limit), and each
+    ``reference`` series (a guide such as 1/sqrt(R)) as a dashed line without markers.
     """
+    floor = floor if log_y else float("-inf")
     if not series:
         raise ValueError("series must name at least one error series")
     reference = dict(reference or {})
@@ -57,7 +61,13 @@ def plot_errors(
                   label=name)
     if bound is not None:
         axes.axhline(bound, color="grey", linestyle="--", linewidth=1, label=f"bound {bound:g}")
-    axes.set_yscale("log")
+    floored = [(xi, floor) for values in series.values()
+               for xi, v in zip(x, values, strict=True) if float(v) < floor]
+    if floored:
+        axes.plot(*zip(*floored, strict=True), linestyle="none", marker="v", markersize=9,
+                  markerfacecolor="none", color="black",
+                  label=f"exact 0 (or below {floor:g}), drawn at {floor:g}")
+    axes.set_yscale("log" if log_y else "linear")
     if log_x:
         axes.set_xscale("log")
     axes.set_xlabel(xlabel)
