@@ -239,8 +239,8 @@ CORRECT = re.compile(r"^✓ Exercise [\w.]+: correct\. (.*)$")
 
 def localize_feedback(cell: dict) -> None:
     """Give, in place, an exercise checker cell the output a kernel of the Chinese edition
-    prints (gradaccum_lib.notebook.exercises._language() is "zh" there): the framing in
-    Chinese, what the checker computed as it says it."""
+    prints (gradaccum_lib.notebook.exercises._language() is "zh" there): all in Chinese, what
+    the checker computed included, with its numbers."""
     from gradaccum_lib.notebook import exercises
 
     found = CHECKER_CELL.match("".join(cell["source"]).strip())

@@ -336,3 +336,36 @@ def test_in_a_kernel_of_the_chinese_edition_the_hint_is_chinese_without_a_traceb
         f"应当给出：{_EXPECTS_ZH['04.1']}。",
         "提示：k=32 给出的是 1024 个样本",
     ]
+
+
+def test_every_solutions_check_line_is_said_in_chinese_in_the_twin_with_its_numbers():
+    """Issue 38: what a checker prints is whole in the reader's language. Every ✓ line of the
+    English solutions has a Chinese reading (_CHECKED_ZH) with the same numbers, and the
+    Chinese twins of the solutions print it, with no English sentence left."""
+    from prose_numbers import numbers
+
+    from gradaccum_lib.notebook.exercises import _checked_in_chinese
+
+    root = Path(__file__).resolve().parent.parent
+
+    def check_lines(path: Path) -> list[str]:
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        return [line for cell in cells for output in cell.get("outputs", [])
+                for line in "".join(output.get("text", "")).split("\n")
+                if line.startswith("✓")]
+
+    english = sorted((root / "notebooks" / "solutions").glob("*_solutions.ipynb"))
+    assert len(english) == 10
+    for path in english:
+        lines = check_lines(path)
+        assert lines, path.name
+        twin = check_lines(root / "notebooks" / "zh" / "solutions" / path.name)
+        assert len(twin) == len(lines), path.name
+        for line, chinese in zip(lines, twin, strict=True):
+            exercise_id, checked = re.match(r"✓ Exercise (\S+): correct\. (.*)", line).groups()
+            said = _checked_in_chinese(exercise_id, checked)
+            assert said != checked and numbers(said) == numbers(checked), (exercise_id, said)
+            assert chinese == f"✓ 练习 {exercise_id}：正确。{said}", chinese
+            words = re.findall(r"[A-Za-z]{3,}", said)  # names and units may stay: no sentence
+            assert set(words) <= {"bert", "base", "chinese", "token", "Trainer", "SGD",
+                                  "Accelerate", "DDP", "GPU", "epoch"}, (exercise_id, words)

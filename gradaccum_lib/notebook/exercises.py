@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import re
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -102,8 +103,8 @@ def check_exercise(exercise_id: str, answer: object, **context: object) -> None:
     :class:`_WrongAnswer`: ``✗``, the answer expected in words, and a hint. ``context`` passes
     what an exercise needs from its notebook cell (01.1: ``loops={"A": ..., ...}``; 02.2:
     ``loop=...``). In the Chinese edition (:func:`_language`) the framing is in Chinese, and so
-    is the hint (the checker's ``_WrongAnswer.zh``; its English one where it gives none); what a
-    checker says it checked, the true value included, stays as it says it.
+    is the hint (the checker's ``_WrongAnswer.zh``; its English one where it gives none) and what
+    the checker says it checked, the true value included (:data:`_CHECKED_ZH`).
     """
     if exercise_id not in _EXERCISES:
         raise KeyError(f"no exercise {exercise_id!r}; known: {sorted(_EXERCISES)}")
@@ -143,10 +144,80 @@ def _no_answer_message(exercise_id: str, lang: str = "en") -> str:
 
 def _correct_message(exercise_id: str, checked: str, lang: str = "en") -> str:
     """Return what the checker prints for a right answer (``checked``: what it checked, as the
-    checker says it)."""
+    checker says it; in Chinese through :data:`_CHECKED_ZH`)."""
     if lang == "zh":
-        return f"✓ 练习 {exercise_id}：正确。{checked}"
+        return f"✓ 练习 {exercise_id}：正确。{_checked_in_chinese(exercise_id, checked)}"
     return f"✓ Exercise {exercise_id}: correct. {checked}"
+
+
+_N = r"[-+\d.e]+"  # a number as the checkers print it
+#: what each checker says it checked, read back from its English sentence and said in Chinese
+#: (the same numbers; tests/test_exercises.py holds every solution's ✓ line to it)
+_CHECKED_ZH: dict[str, tuple[str, str]] = {
+    "00.1": (rf"bert-base-chinese with a 2-class head has (?P<m>{_N})M parameters",
+             "带 2 类分类头的 bert-base-chinese 有 {m}M 个参数"),
+    "00.2": (rf"one optimizer step sees (?P<n>{_N}) samples: (?P<b>{_N}) per micro-batch x "
+             rf"k=(?P<k>{_N}) x (?P<w>{_N}) ranks",
+             "一次优化器更新看到 {n} 个样本：每个微批次 {b} 个 x k={k} x {w} 个进程"),
+    "01.1": (r"loop (?P<loop>\w+) is the only one whose step differs from the large batch's",
+             "只有循环 {loop} 的更新与大批次的不同"),
+    "01.2": (rf"your loss decomposes: accumulated = whole-batch token mean to within (?P<t>{_N})",
+             "你的损失可以分解：累积的结果等于整个批次的 token 均值，误差在 {t} 以内"),
+    "02.1": (rf"micro-batch (?P<b>{_N}) fits, and k = (?P<k>{_N}) gives (?P<n>{_N}) samples per "
+             "step", "微批次 {b} 放得下，k = {k} 时每次更新 {n} 个样本"),
+    "02.2": (rf"the update is (?P<r>{_N}) x the large batch's: k times too large",
+             "更新是大批次更新的 {r} 倍：是应有大小的 k 倍"),
+    "03.1": (rf"each token of the short micro-batch weighs (?P<r>{_N}) x its true weight",
+             "短微批次里每个 token 的权重是它真实权重的 {r} 倍"),
+    "03.2": (rf"dividing by (?P<d>{_N}) = (?P<t>{_N}) window tokens / (?P<w>{_N}) ranks on each "
+             "rank, then DDP's average over ranks, gives every token the weight of the "
+             "window's token mean",
+             "每个进程都除以 {d} = 窗口的 {t} 个 token / {w} 个进程，再经 DDP 在进程间取平均，"
+             "每个 token 得到的正是它在窗口 token 均值里的权重"),
+    "04.1": (rf"k = (?P<k>{_N}): 4 per GPU x 8 GPUs x (?P<k2>{_N}) = (?P<n>{_N}) samples per "
+             "optimizer step",
+             "k = {k}：每张 GPU 4 个 x 8 张 GPU x {k2} = 每次优化器更新 {n} 个样本"),
+    "04.2": (rf"(?P<p>{_N})M parameters x 16 bytes = (?P<g>{_N}) GB per GPU, at k = 16 as at "
+             "k = 8", "{p}M 个参数 x 16 字节 = 每张 GPU {g} GB，k = 16 和 k = 8 时一样"),
+    "04b.1": (rf"the Trainer's SGD update is (?P<r>{_N}) x the true one",
+              "Trainer 的 SGD 更新是真实更新的 {r} 倍"),
+    "04b.2": (rf"Accelerate's SGD update on 2 of 4 micro-batches is (?P<r>{_N}) x the true one: "
+              "each loss divided by 4, though 2 came",
+              "4 个微批次只来了 2 个时，Accelerate 的 SGD 更新是真实更新的 {r} 倍：每个损失都"
+              "除以 4，尽管只来了 2 个"),
+    "05.1": (rf"(?P<b>{_N}) bytes = 3 windows x (?P<p>{_N}) bytes of gradients: one all-reduce "
+             "per window, whatever k",
+             "{b} 字节 = 3 个窗口 x 每个窗口 {p} 字节的梯度：不论 k 是多少，每个窗口全规约一次"),
+    "05.2": (rf"rank 0 gets (?P<s>{_N}) samples, (?P<m>{_N}) micro-batches, (?P<w>{_N}) windows: "
+             rf"(?P<n>{_N}) optimizer steps \(the last window is partial\)",
+             "0 号进程分到 {s} 个样本、{m} 个微批次、{w} 个窗口：{n} 次优化器更新（最后一个"
+             "窗口不满）"),
+    "06.1": (rf"the square-root rule gives (?P<lr>{_N}) for an effective batch of (?P<b>{_N})",
+             "有效批大小为 {b} 时，平方根规则给出 {lr}"),
+    "06.2": (rf"(?P<m>{_N}) micro-batches with k = (?P<k>{_N}): (?P<n>{_N}) optimizer and "
+             "scheduler steps", "{m} 个微批次、k = {k}：优化器更新 {n} 次，调度器也步进 {n} 次"),
+    "07.1": (rf"the first step of epoch 2 adds up (?P<n>{_N}) micro-batches: (?P<l>{_N}) left "
+             rf"over from epoch 1 and (?P<o>{_N}) of its own",
+             "第 2 个 epoch 的第一次更新累加了 {n} 个微批次：{l} 个是第 1 个 epoch 剩下的，"
+             "{o} 个是它自己的"),
+    "07.2": (rf"(?P<e>{_N}) epochs of (?P<m>{_N}) micro-batches with k = (?P<k>{_N}): "
+             rf"(?P<n>{_N}) optimizer steps, so a schedule (?P<n2>{_N}) steps long",
+             "{e} 个 epoch、每个 {m} 个微批次、k = {k}：优化器更新 {n} 次，所以调度长 {n2} 步"),
+    "08.1": (rf"after two schedule steps the gradient is (?P<a>{_N}) g1 \+ (?P<b>{_N}) g2: "
+             rf"a / b = (?P<r>{_N}), the first window divided by 4 twice",
+             "两个调度步之后，梯度是 {a} g1 + {b} g2：a / b = {r}，第一个窗口被除了两次 4"),
+    "08.2": (rf"the window routes half its tokens to each expert, with mean probabilities "
+             rf"\((?P<p>[^)]*)\): loss (?P<l>{_N}), where each micro-batch's own is (?P<e>{_N})",
+             "窗口把一半的 token 路由给每个专家，平均概率为 ({p})：损失 {l}，而每个微批次自己"
+             "的损失是 {e}"),
+}
+
+
+def _checked_in_chinese(exercise_id: str, checked: str) -> str:
+    """``checked`` said in Chinese, with its numbers; as it is where no pattern reads it."""
+    pattern, chinese = _CHECKED_ZH.get(exercise_id, (None, None))
+    found = re.fullmatch(pattern, checked) if pattern else None
+    return chinese.format(**found.groupdict()) if found else checked
 
 
 def _wrong_message(exercise_id: str, hint: str, lang: str = "en") -> str:
