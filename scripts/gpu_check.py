@@ -18,7 +18,7 @@ README-gpu.md (the README's CUDA section and a `gpu` column for README.md's note
 3. time per sample against micro-batch size (benchmarks/run.py's ``micro_batch_time``);
 4. the library's loop against the bare nanoGPT loop and Accelerate (run.py's
    ``loop_overhead``);
-5. the code readers copy, under nccl (one process per GPU, at most 4): 00's card program
+5. the code readers copy, under nccl (one process per GPU, at most 4): 09's card program
    (``accumulate_window``: the large batch's step to 1e-12 in float64; in fp16 with a
    GradScaler: within 1% of the fp32 update) and 05's plain DDP loop against
    ``accumulate_window``'s run (``scripts/ddp.py``, the same samples and split: 1e-12), each
@@ -151,7 +151,7 @@ def reader_world_size() -> int:
 
 
 def reader_code_checks(world_size: int, device: torch.device) -> tuple[dict, list[str]]:
-    """Run 00's card program and 05's plain DDP loop as the notebooks write them, under
+    """Run 09's card program and 05's plain DDP loop as the notebooks write them, under
     torchrun with ``world_size`` processes (nccl on GPUs, gloo on a CPU), against the truth;
     return the measured differences and a message per failure."""
     from gradaccum_lib.accumulation import accumulate_window
@@ -164,7 +164,7 @@ def reader_code_checks(world_size: int, device: torch.device) -> tuple[dict, lis
     failures: list[str] = []
     with tempfile.TemporaryDirectory(prefix="gpu-check-reader-") as folder:
         card = Path(folder) / "answer_loop.py"
-        card.write_text(written_program("00_the_article.ipynb", "answer_loop.py"))
+        card.write_text(written_program("09_the_article_checked.ipynb", "answer_loop.py"))
         plain = Path(folder) / "plain_ddp_loop.py"
         plain.write_text(written_program("05_ddp_torchrun.ipynb", "plain_ddp_loop.py"))
         ranks = launch(str(card), [], nproc_per_node=world_size, timeout_seconds=300)

@@ -1,7 +1,7 @@
-"""Notebook 00 opens with the two-minute spoken answer and the answer card, each in English and in
-Chinese: the same numbers, the same code, every number printed by a cell of 00, the spoken
-answers short enough to say in two minutes, and the card's loop the library's function, shown
-from its source and run by 00's cells and the program 00 launches."""
+"""Notebook 00 opens with the two-minute spoken answer, notebook 09 with the answer card, each in
+English and in Chinese: the same numbers, the same code, every number printed by a cell of 00 or
+09, the spoken answers short enough to say in two minutes, and the card's loop the library's
+function, shown from its source in 00 and run by 09's cells and the program 09 launches."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ from prose_numbers import NUMBER, numbers
 from gradaccum_lib.accumulation import accumulate_window
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOK = ROOT / "notebooks" / "00_the_article.ipynb"
+NOTEBOOK = ROOT / "notebooks" / "00_the_article.ipynb"  # the spoken answer, the loop's source
+CARD = ROOT / "notebooks" / "09_the_article_checked.ipynb"  # the card and its cells
 
 
-def _cells() -> list[dict]:
-    return json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
+def _cells(notebook: Path = NOTEBOOK) -> list[dict]:
+    return json.loads(notebook.read_text(encoding="utf-8"))["cells"]
 
 
 def _source(cell: dict) -> str:
@@ -36,11 +37,11 @@ def _spoken() -> tuple[str, str]:
 
 
 def _cards() -> tuple[str, str]:
-    """The English and the Chinese card: the two cells after the spoken answers."""
-    cells = _cells()
-    english, chinese = _source(cells[3]), _source(cells[4])
+    """The English and the Chinese card: 09's two cells after its title."""
+    cells = _cells(CARD)
+    english, chinese = _source(cells[1]), _source(cells[2])
     assert english.startswith("## The answer card"), english[:80]
-    assert chinese.startswith("## 答题卡（中文）"), chinese[:80]
+    assert chinese.startswith("## 答案要点（中文）"), chinese[:80]
     return english, chinese
 
 
@@ -59,16 +60,16 @@ def _without_comments(code: str) -> list[str]:
             if line.strip() and not line.strip().startswith("#")]
 
 
-def _outputs() -> str:
+def _outputs(*notebooks: Path) -> str:
     texts = []
-    for cell in _cells():
+    for cell in [cell for notebook in notebooks for cell in _cells(notebook)]:
         for output in cell.get("outputs", []):
             texts.append("".join(output.get("text", "")))
             texts.append("".join(output.get("data", {}).get("text/plain", "")))
     return "\n".join(texts)
 
 
-def test_00_opens_with_the_two_cards_and_they_state_the_same_numbers() -> None:
+def test_09_opens_with_the_two_cards_and_they_state_the_same_numbers() -> None:
     english, chinese = _cards()
     assert numbers(english) == numbers(chinese), (
         f"only in English: {sorted(numbers(english) - numbers(chinese))}; "
@@ -76,11 +77,11 @@ def test_00_opens_with_the_two_cards_and_they_state_the_same_numbers() -> None:
     assert {"325.5", "5.2", "1.97", "2048", "1.30", "0.14", "0.015"} <= numbers(english)
 
 
-def test_every_number_on_the_card_is_printed_by_a_cell_of_00() -> None:
+def test_every_number_on_the_card_is_printed_by_a_cell_of_09() -> None:
     english, _ = _cards()
-    printed = {token.replace(",", "") for token in NUMBER.findall(_outputs())}
+    printed = {token.replace(",", "") for token in NUMBER.findall(_outputs(CARD))}
     missing = sorted(numbers(english) - printed)
-    assert not missing, f"numbers on the card that no output of 00 prints: {missing}"
+    assert not missing, f"numbers on the card that no output of 09 prints: {missing}"
 
 
 def test_the_spoken_answers_fit_two_minutes_and_state_the_same_printed_numbers() -> None:
@@ -94,7 +95,7 @@ def test_the_spoken_answers_fit_two_minutes_and_state_the_same_printed_numbers()
     assert numbers(english) == numbers(chinese), (
         f"only in English: {sorted(numbers(english) - numbers(chinese))}; "
         f"only in Chinese: {sorted(numbers(chinese) - numbers(english))}")
-    printed = {token.replace(",", "") for token in NUMBER.findall(_outputs())}
+    printed = {token.replace(",", "") for token in NUMBER.findall(_outputs(NOTEBOOK, CARD))}
     assert not sorted(numbers(english) - printed), sorted(numbers(english) - printed)
     assert numbers(english) <= numbers(_cards()[0]) | {"1"}  # the card's numbers, said aloud
     # the five parts in order, the window defined, 显存 said, why x world size
@@ -118,20 +119,21 @@ def test_both_cards_show_the_same_code_and_it_is_the_code_that_runs() -> None:
     assert len(blocks) == 3, "the library's loop, its fp16 call and the article's loop"
     assert [_without_comments(b) for b in blocks] == [
         _without_comments(b) for b in _code_blocks(chinese)]
-    code = [_source(c) for c in _cells() if c["cell_type"] == "code"]
+    code = [_source(c) for c in _cells(CARD) if c["cell_type"] == "code"]
     run = "\n".join(line.strip() for cell in code for line in _without_comments(cell))
-    for block in blocks[:2]:  # each call, as the card writes it, is a call a cell of 00 makes
-        assert "\n".join(_call(block)) in run, f"no cell of 00 calls {_call(block)}"
+    for block in blocks[:2]:  # each call, as the card writes it, is a call a cell of 09 makes
+        assert "\n".join(_call(block)) in run, f"no cell of 09 calls {_call(block)}"
     assert "autocast_dtype=torch.float16" in blocks[1] and "scaler=scaler" in blocks[1]
-    # the program 00 writes and launches imports the loop; no copy of it is defined anywhere
+    # the program 09 writes and launches imports the loop; no copy of it is defined anywhere
     written = next(c for c in code if c.startswith("%%writefile"))
     assert "from gradaccum_lib.accumulation import accumulate_window" in written
-    assert not [c for c in code if "def train_window" in c]
+    everywhere = code + [_source(c) for c in _cells() if c["cell_type"] == "code"]
+    assert not [c for c in everywhere if "def train_window" in c]
 
 
 def test_the_card_loop_is_printed_from_the_library_source() -> None:
-    """The cell under the cards prints the function's source; its committed output is today's
-    source (a change to accumulation.py needs 00 re-executed)."""
+    """A cell of 00 prints the function's source; its committed output is today's source (a
+    change to accumulation.py needs 00 re-executed)."""
     cell = next(c for c in _cells() if c["cell_type"] == "code"
                 and "inspect.getsource(accumulate_window)" in _source(c))
     printed = "".join("".join(o.get("text", "")) for o in cell["outputs"])

@@ -27,14 +27,17 @@ UNIT_ALIASES = {"×": "[×x]", "x": "[×x]"}
 
 #: numbers stated in prose that no output prints: (notebook, "number unit") -> source
 CITED: dict[tuple[str, str], str] = {
+    # the spoken answer says two of the card's figures that 09 computes (test_answer_card)
+    ("00_the_article.ipynb", "1.30 GB"): "09's card cells: DDP's bucket copy of the gradients",
+    ("00_the_article.ipynb", "59%"): "09's card cells: mean / k on an uneven DDP window",
     ("02_single_device.ipynb", "10%"): "a tolerance: 02 §1 asserts activation_error <= 0.10",
     ("03_tokens_and_padding.ipynb", "15%"):
         "BERT's masking rate: Devlin et al. 2019, arXiv:1810.04805, §3.1",
     ("04_emr_case_study.ipynb", "16 GB"): "the V100's memory (NVIDIA V100 datasheet, 16 GB model)",
     ("04_emr_case_study.ipynb", "1 GiB"): "a planning input: reserve = 1 * GIB in 04 §3's code",
-    ("04_emr_case_study.ipynb", "175B"): "the article's figure for RoBERTa-wwm-large (notebook 00)",
+    ("04_emr_case_study.ipynb", "175B"): "the article's figure for RoBERTa-wwm-large (notebook 09)",
     ("05_ddp_torchrun.ipynb", "40%"):
-        "the article's figure (GPU utilisation under 40%), quoted in 05 §5 (notebook 00 §6)",
+        "the article's figure (GPU utilisation under 40%), quoted in 05 §5 (notebook 09 §6)",
     ("06_beyond.ipynb", "15%"): "a tolerance: 06 §1 asserts abs(estimate - truth) <= 0.15 * truth",
 }
 # each notebook's header states its run time, recorded in scripts/run_times.json by

@@ -336,7 +336,7 @@ def test_the_index_points_to_nothing_it_does_not_hold_and_emoji_are_words(site):
     out, _, _ = site
     index = html.unescape(re.sub(r"<[^>]+>", "", (out / "index.html").read_text()))
     assert "below" not in index and "above" not in index
-    assert "the article's claims checked one by one: each paraphrased" in index
+    assert "the article's claims one by one" in index  # 09's row of the README's table
     for page in html_files(out):
         assert not re.search("[\U0001F000-\U0001FAFF]", page.read_text()), page
     assert "the 2024 Hugging Face transformers" in index
