@@ -48,6 +48,91 @@ def _token_mean_per_micro_batch(model, batch):  # noqa: ANN001, ANN202
 
 
 LOOPS = {"A": _loop_right, "B": _loop_zero_grad_inside}
+
+
+# 01.3: window_gradient(model, micro_batches), right and as each usual mistake writes it
+def _window_gradient(model, micro_batches, *, divide="window", zero="once",  # noqa: ANN001, ANN202
+                     backward="every"):
+    if zero == "once":
+        model.zero_grad()
+    items, k = sum(len(labels) for _, labels in micro_batches), len(micro_batches)
+    for step, (inputs, labels) in enumerate(micro_batches):
+        if zero == "every micro-batch":
+            model.zero_grad()
+        if divide == "window":
+            loss = nn.functional.cross_entropy(model(inputs), labels, reduction="sum") / items
+        elif divide == "never, summed":
+            loss = nn.functional.cross_entropy(model(inputs), labels, reduction="sum")
+        else:
+            loss = nn.functional.cross_entropy(model(inputs), labels)
+            loss = loss / k if divide == "k" else loss
+        if backward == "every" or (backward == "last" and step == k - 1):
+            loss.backward()
+
+
+def _variant(function, **options):  # noqa: ANN001, ANN202
+    return lambda *args: function(*args, **options)
+
+
+WINDOW_GRADIENT_HINTS = {
+    "backward only on the last micro-batch": (
+        {"divide": "k", "backward": "last"}, r"^only the last micro-batch's gradient reached"),
+    "zero_grad inside the loop": ({"zero": "every micro-batch"},
+                                  r"^only the last micro-batch's gradient reached"),
+    "each mean divided by k": ({"divide": "k"}, r"^you divided each micro-batch's mean loss by k: "
+                               r"exact only on equal micro-batches, and these hold 7, 3, 5 and 1"),
+    "means never divided": ({"divide": "never, means"}, r"^you added the micro-batches' mean "
+                            r"losses without dividing"),
+    "sums never divided": ({"divide": "never, summed"}, r"^your gradient points the right way but "
+                           r"is 16 x the large batch's: divide the summed losses by the window's "
+                           r"16 samples"),
+    "no zero_grad": ({"zero": "never"}, r"^your gradient was added to the one \.grad already held"),
+    "no backward": ({"backward": "none"}, r"^\.grad is empty after your function"),
+}
+
+
+# 02.3: train_window(model, optimizer, scheduler, micro_batches, max_grad_norm), likewise
+def _train_window(model, optimizer, scheduler, micro_batches,  # noqa: ANN001, ANN202, PLR0913
+                  max_grad_norm, *, clip="once", per_micro_batch=(), divide="window",
+                  scheduler_first=False):
+    optimizer.zero_grad()
+    items, k = sum(len(labels) for _, labels in micro_batches), len(micro_batches)
+    for inputs, labels in micro_batches:
+        if divide == "window":
+            loss = nn.functional.cross_entropy(model(inputs), labels, reduction="sum") / items
+        else:
+            loss = nn.functional.cross_entropy(model(inputs), labels) / k
+        loss.backward()
+        if clip == "every":
+            nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        if "optimizer" in per_micro_batch:
+            optimizer.step()
+            optimizer.zero_grad()
+        if "scheduler" in per_micro_batch:
+            scheduler.step()
+    if clip == "once":
+        nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    if scheduler_first:
+        scheduler.step()
+    if "optimizer" not in per_micro_batch:
+        optimizer.step()
+    if "scheduler" not in per_micro_batch and not scheduler_first:
+        scheduler.step()
+
+
+WINDOW_STEP_HINTS = {
+    "clips every micro-batch": ({"clip": "every"}, r"^you clipped after every micro-batch"),
+    "never clips": ({"clip": "never"}, r"^your step did not clip"),
+    "scheduler per micro-batch": ({"per_micro_batch": ("scheduler",)},
+                                  r"^scheduler\.step\(\) ran 4 times for one window of 4 "
+                                  r"micro-batches \(once per micro-batch\)"),
+    "optimizer per micro-batch": ({"per_micro_batch": ("optimizer",)},
+                                  r"^optimizer\.step\(\) ran 4 times for one window of 4 "
+                                  r"micro-batches \(once per micro-batch\)"),
+    "each mean divided by k": ({"divide": "k"}, r"^you divided each micro-batch's mean loss by k"),
+    "scheduler before optimizer": ({"scheduler_first": True},
+                                   r"^scheduler\.step\(\) ran before optimizer\.step\(\)"),
+}
 # (right answer, wrong answer, context) per exercise; the right answers are the worked
 # solutions' results, the checkers compute them independently
 CASES = {
@@ -55,8 +140,10 @@ CASES = {
     "00.2": (2048, 256, {}),
     "01.1": ("B", "A", {"loops": LOOPS}),
     "01.2": (token_classification_loss, _token_mean_per_micro_batch, {}),
+    "01.3": (_window_gradient, _variant(_window_gradient, divide="k"), {}),
     "02.1": ((12, 22), (12, 21), {}),
     "02.2": (4.0, 1.0, {"loop": _loop_never_divides}),
+    "02.3": (_train_window, _variant(_train_window, clip="every"), {}),
     "03.1": (2.0, 1.0, {}),
     "03.2": (125, 250, {}),  # DDP averages the ranks: N / world size
     "04.1": (8, 32, {}),
@@ -65,12 +152,16 @@ CASES = {
     "04b.2": (0.5, 1.0, {}),  # Accelerate divides by k = 4 though 2 micro-batches came
     "05.1": (3 * 8 * (10 * 32 + 32 + 32 * 4 + 4), 12 * 8 * (10 * 32 + 32 + 32 * 4 + 4), {}),
     "05.2": (4, 7, {}),
+    "05.3": tuple(f"{Path(__file__).resolve().parent}/workers/ddp_windows.py::{name}"
+                  for name in ("right", "no_world_factor")) + ({},),  # run under torchrun
     "06.1": (2e-5 * math.sqrt(8), 2e-5 * 8, {}),
     "06.2": (3, 2, {}),
     "07.1": (7, 4, {}),  # 11 % 4 left over + 4
     "07.2": (96, 375, {}),  # ceil(125 / 4) x 3 epochs, not the micro-batches
     "08.1": (0.25, 1.0, {}),  # scale_grads divides the first window's gradient again
     "08.2": (1.0, 1.5, {}),  # the window's shares and probabilities, not a micro-batch's loss
+    "09.1": (3 / 11, 0.6, {}),  # 1.5 / (4 + 1.5); 0.6 is the share without no_sync
+    "09.2": (489, 3907, {}),  # ceil(ceil(125000 / 32) / 8); 3907 is one process's count
 }
 
 
@@ -136,6 +227,23 @@ def test_02_1_gives_the_hint_for_its_kind_of_wrong_answer(kind: str) -> None:
     answer, hint = FIT_A_GPU_HINTS[kind]
     with pytest.raises(_WrongAnswer) as wrong_answer:
         check_exercise("02.1", answer)
+    assert re.match(hint, str(wrong_answer.value).splitlines()[2].removeprefix("Hint: "))
+
+
+@pytest.mark.parametrize("kind", sorted(WINDOW_GRADIENT_HINTS))
+def test_01_3_names_the_mistake_by_its_symptom(kind: str) -> None:
+    options, hint = WINDOW_GRADIENT_HINTS[kind]
+    with pytest.raises(_WrongAnswer) as wrong_answer:
+        check_exercise("01.3", _variant(_window_gradient, **options))
+    assert re.match(hint, str(wrong_answer.value).splitlines()[2].removeprefix("Hint: "))
+
+
+@pytest.mark.filterwarnings(r"ignore:Detected call of `lr_scheduler.step\(\)` before")
+@pytest.mark.parametrize("kind", sorted(WINDOW_STEP_HINTS))
+def test_02_3_names_the_mistake_by_its_symptom(kind: str) -> None:
+    options, hint = WINDOW_STEP_HINTS[kind]
+    with pytest.raises(_WrongAnswer) as wrong_answer:
+        check_exercise("02.3", _variant(_train_window, **options))
     assert re.match(hint, str(wrong_answer.value).splitlines()[2].removeprefix("Hint: "))
 
 
@@ -259,7 +367,13 @@ WRONG_ANSWERS = (
     + [pytest.param("04.1", "eight", {}, id="04.1-not a number"),
        pytest.param("01.1", "Z", {"loops": LOOPS}, id="01.1-not a loop"),
        pytest.param("01.2", 3, {}, id="01.2-not a function"),
-       pytest.param("03.2", -1, {}, id="03.2-not positive")])
+       pytest.param("01.3", 3, {}, id="01.3-not a function"),
+       pytest.param("02.3", 3, {}, id="02.3-not a function")]
+    + [pytest.param("01.3", _variant(_window_gradient, **options), {}, id=f"01.3-{kind}")
+       for kind, (options, _) in sorted(WINDOW_GRADIENT_HINTS.items())]
+    + [pytest.param("02.3", _variant(_train_window, **options), {}, id=f"02.3-{kind}")
+       for kind, (options, _) in sorted(WINDOW_STEP_HINTS.items())]
+    + [pytest.param("03.2", -1, {}, id="03.2-not positive")])
 
 
 def _wrong_lines(exercise_id: str, answer: object, context: dict) -> list[str]:
@@ -355,7 +469,7 @@ def test_every_solutions_check_line_is_said_in_chinese_in_the_twin_with_its_numb
                 if line.startswith("✓")]
 
     english = sorted((root / "notebooks" / "solutions").glob("*_solutions.ipynb"))
-    assert len(english) == 10
+    assert len(english) == len(list((root / "notebooks").glob("[0-9]*.ipynb")))  # one each
     for path in english:
         lines = check_lines(path)
         assert lines, path.name

@@ -49,7 +49,7 @@ from ..losses import bert_classification_loss, sample_classification_loss
 from ..measure.comm import CommCounter
 from ..measure.memory import memory_budget
 from ..measure.noise import scaled_learning_rate
-from ..measure.planning import accumulation_steps_for, max_micro_batch_size
+from ..measure.planning import DdpStepModel, accumulation_steps_for, max_micro_batch_size
 from ..workloads.models import (
     ROBERTA_WWM_EXT_LARGE,
     TokenTagger,
@@ -163,10 +163,18 @@ _CHECKED_ZH: dict[str, tuple[str, str]] = {
              "只有循环 {loop} 的更新与大批次的不同"),
     "01.2": (rf"your loss decomposes: accumulated = whole-batch token mean to within (?P<t>{_N})",
              "你的损失可以分解：累积的结果等于整个批次的 token 均值，误差在 {t} 以内"),
+    "01.3": (rf"your function leaves the large batch's gradient in \.grad to within (?P<t>{_N}), "
+             rf"on (?P<k>{_N}) uneven micro-batches of (?P<n>{_N}) samples in all",
+             "你的函数留下的正是大批次的梯度，误差在 {t} 以内：{k} 个大小不等的微批次，"
+             "共 {n} 个样本"),
     "02.1": (rf"micro-batch (?P<b>{_N}) fits, and k = (?P<k>{_N}) gives (?P<n>{_N}) samples per "
              "step", "微批次 {b} 放得下，k = {k} 时每次更新 {n} 个样本"),
     "02.2": (rf"the update is (?P<r>{_N}) x the large batch's: k times too large",
              "更新是大批次更新的 {r} 倍：是应有大小的 k 倍"),
+    "02.3": (rf"one optimizer step and one scheduler step for a window of (?P<k>{_N}) uneven "
+             rf"micro-batches, clipped once: the large batch's update to within (?P<t>{_N})",
+             "{k} 个大小不等的微批次组成的窗口：优化器更新一次、调度器步进一次、只裁剪一次，"
+             "更新与大批次的相同，误差在 {t} 以内"),
     "03.1": (rf"each token of the short micro-batch weighs (?P<r>{_N}) x its true weight",
              "短微批次里每个 token 的权重是它真实权重的 {r} 倍"),
     "03.2": (rf"dividing by (?P<d>{_N}) = (?P<t>{_N}) window tokens / (?P<w>{_N}) ranks on each "
@@ -192,6 +200,13 @@ _CHECKED_ZH: dict[str, tuple[str, str]] = {
              rf"(?P<n>{_N}) optimizer steps \(the last window is partial\)",
              "0 号进程分到 {s} 个样本、{m} 个微批次、{w} 个窗口：{n} 次优化器更新（最后一个"
              "窗口不满）"),
+    "05.3": (rf"your ddp_window on (?P<w>{_N}) gloo ranks, (?P<n>{_N}) windows of (?P<k>{_N}) "
+             "uneven micro-batches: one all-reduce per window, at the last micro-step; the "
+             rf"gradient is the large batch's within (?P<t>{_N}); the count all-reduced on the "
+             "model's device",
+             "你的窗口函数在 {w} 个进程上跑了 {n} 个窗口，每个窗口 {k} 个大小不一的微批次：每个"
+             "窗口只全规约一次，就在最后一个微步；梯度与大批次的梯度相差在 {t} 以内；计数在模型"
+             "所在的设备上全规约"),
     "06.1": (rf"the square-root rule gives (?P<lr>{_N}) for an effective batch of (?P<b>{_N})",
              "有效批大小为 {b} 时，平方根规则给出 {lr}"),
     "06.2": (rf"(?P<m>{_N}) micro-batches with k = (?P<k>{_N}): (?P<n>{_N}) optimizer and "
@@ -210,6 +225,10 @@ _CHECKED_ZH: dict[str, tuple[str, str]] = {
              rf"\((?P<p>[^)]*)\): loss (?P<l>{_N}), where each micro-batch's own is (?P<e>{_N})",
              "窗口把一半的 token 路由给每个专家，平均概率为 ({p})：损失 {l}，而每个微批次自己"
              "的损失是 {e}"),
+    "09.1": (rf"at k = 4 with no_sync, communication is (?P<s>{_N}) of the step \(0.6 at k = 1\)",
+             "每个窗口只同步一次、k = 4 时，通信占一步的 {s}（k = 1 时是 0.6）"),
+    "09.2": (rf"each rank gets (?P<r>{_N}) records, (?P<m>{_N}) micro-batches: (?P<n>{_N}) "
+             "optimizer steps", "每个进程分到 {r} 条病历、{m} 个微批次：{n} 次优化器更新"),
 }
 
 
@@ -340,6 +359,106 @@ def _decomposing_loss(answer: object) -> str:
             f"{tolerance:.0e}")
 
 
+_WINDOW_SIZES = (7, 3, 5, 1)  # uneven micro-batches (01.3, 02.3): where dividing by k is wrong
+
+
+def _toy_window(seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A window of (inputs, labels) micro-batches of :data:`_WINDOW_SIZES` samples (float64
+    inputs of 5 features, 3 classes), for :func:`make_mlp` ``(5, 8, 3)``."""
+    generator = torch.Generator().manual_seed(seed)
+    inputs = torch.randn(sum(_WINDOW_SIZES), 5, generator=generator, dtype=torch.float64)
+    labels = torch.randint(0, 3, (sum(_WINDOW_SIZES),), generator=generator)
+    return list(zip(inputs.split(_WINDOW_SIZES), labels.split(_WINDOW_SIZES), strict=True))
+
+
+def _summed_loss_gradients(model: nn.Module, window: list) -> list[torch.Tensor]:
+    """Each micro-batch's gradient of its SUMMED cross-entropy, flattened (``.grad`` untouched)."""
+    return [torch.cat([g.reshape(-1) for g in torch.autograd.grad(
+        nn.functional.cross_entropy(model(x), y, reduction="sum"), list(model.parameters()))])
+        for x, y in window]
+
+
+def _fill_stale_gradients(model: nn.Module, seed: int) -> torch.Tensor:
+    """Put an earlier window's gradient (random) into ``.grad``, as training leaves it; return
+    it flattened."""
+    generator = torch.Generator().manual_seed(seed)
+    for parameter in model.parameters():
+        parameter.grad = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal up to float64 rounding."""
+    return (a - b).abs().max().item() <= 1e-9 * b.abs().max().item()
+
+
+def _parallel(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same direction, whatever the length."""
+    return nn.functional.cosine_similarity(a, b, dim=0).item() > 1 - 1e-9
+
+
+def _window_gradient(answer: object) -> str:
+    """01.3: ``answer(model, micro_batches)`` must leave in ``.grad`` the gradient of the mean
+    cross-entropy over the window; each usual mistake is recognised by what it leaves there."""
+    _require(callable(answer), "answer must be a function window_gradient(model, micro_batches)",
+             zh="answer 必须是一个函数 window_gradient(model, micro_batches)")
+    window, model = _toy_window(seed=3), make_mlp(5, 8, 3, seed=0)
+    summed = _summed_loss_gradients(model, window)
+    items, k = sum(_WINDOW_SIZES), len(_WINDOW_SIZES)
+    truth = sum(summed) / items
+    means = [g / n for g, n in zip(summed, _WINDOW_SIZES, strict=True)]
+    stale = _fill_stale_gradients(model, seed=4)
+    answer(model, window)
+    grads = [p.grad for p in model.parameters()]
+    _require(any(g is not None for g in grads),
+             ".grad is empty after your function: call backward() on each micro-batch's loss",
+             zh="运行你的函数之后 .grad 是空的：对每个微批次的损失调用 backward()")
+    got = torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1)
+                     for p, g in zip(model.parameters(), grads, strict=True)]).detach()
+    if _same(got, truth):
+        return (f"your function leaves the large batch's gradient in .grad to within 1e-09, "
+                f"on {k} uneven micro-batches of {items} samples in all")
+    fresh = got - stale
+    _require(fresh.abs().max().item() > 0,
+             ".grad is as your function found it: nothing was backpropagated into it",
+             zh=".grad 还是你的函数拿到它时的样子：没有任何梯度被反向传播进去")
+    _require(not any(_same(fresh, p) for p in (truth, sum(means) / k, sum(means)))
+             and not any(_parallel(fresh, p) for p in (truth, means[-1])),
+             "your gradient was added to the one .grad already held (an earlier window's): "
+             "zero the gradients before the first micro-batch",
+             zh="你的梯度被加到了 .grad 里原有的梯度（上一个窗口的）上：在第一个微批次之前先把"
+                "梯度清零")
+    sizes = ", ".join(map(str, _WINDOW_SIZES[:-1])) + f" and {_WINDOW_SIZES[-1]}"
+    sizes_zh = "、".join(map(str, _WINDOW_SIZES[:-1])) + f" 和 {_WINDOW_SIZES[-1]}"
+    _require(not _same(got, sum(means) / k),
+             f"you divided each micro-batch's mean loss by k: exact only on equal micro-batches, "
+             f"and these hold {sizes} samples; divide each summed loss by the window's count",
+             zh=f"你把每个微批次的平均损失除以了 k：只有微批次大小相等时才精确，而这里的微批次"
+                f"分别有 {sizes_zh} 个样本；应当把每个求和损失除以整个窗口的样本数")
+    _require(not _same(got, sum(means)),
+             "you added the micro-batches' mean losses without dividing: k means, each already "
+             "on the large batch's scale",
+             zh="你把各微批次的平均损失直接加了起来，没有做除法：k 个均值，每一个本身就已经是"
+                "大批次损失的量级")
+    _require(not _parallel(got, means[-1]),
+             "only the last micro-batch's gradient reached .grad (backward ran on it alone, or "
+             "the gradients were zeroed inside the loop): every micro-batch must add its own",
+             zh="只有最后一个微批次的梯度进了 .grad（只对它调用了 backward，或者在循环里清零了"
+                "梯度）：每个微批次都要把自己的梯度加进去")
+    ratio = (got.norm() / truth.norm()).item()
+    _require(not _parallel(got, truth),
+             f"your gradient points the right way but is {ratio:.3g} x the large batch's: divide "
+             f"the summed losses by the window's {items} samples, once",
+             zh=f"你的梯度方向对了，但大小是大批次梯度的 {ratio:.3g} 倍：把求和损失除以整个窗口"
+                f"的 {items} 个样本，只除这一次")
+    error = ((got - truth).norm() / truth.norm()).item()
+    raise _WrongAnswer(
+        f"your gradient is {error:.0%} off the large batch's: backward each micro-batch's summed "
+        f"loss divided by the window's {items} samples",
+        zh=f"你的梯度与大批次梯度相差 {error:.0%}：对每个微批次的求和损失除以整个窗口的 "
+           f"{items} 个样本，再调用 backward")
+
+
 # ---- 02: one device -----------------------------------------------------------------------
 
 def _fit_a_gpu(answer: object) -> str:
@@ -401,6 +520,146 @@ def _forgot_to_divide(answer: object, *, loop: Callable) -> str:
              zh=f"{answer} 不是测得的比值；每个微批次的平均损失本身就已经是大批次损失的量级，"
                 "而循环把 k 个这样的损失加了起来")
     return f"the update is {ratio:.6f} x the large batch's: k times too large"
+
+
+class _RecordedSchedule(torch.optim.lr_scheduler.LambdaLR):
+    """A schedule that halves the learning rate every step and writes each step into
+    ``events`` (02.3)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, events: list[str]) -> None:
+        super().__init__(optimizer, lambda step: 0.5**step)
+        self.events = events
+
+    def step(self, *args: object, **kwargs: object) -> None:
+        if hasattr(self, "events"):  # not the step LambdaLR takes when it is made
+            self.events.append("scheduler")
+        super().step(*args, **kwargs)
+
+
+def _reference_window(model: nn.Module, optimizer: torch.optim.Optimizer,  # noqa: PLR0913
+                      scheduler: torch.optim.lr_scheduler.LRScheduler, window: list,
+                      max_grad_norm: float, *, divide: str = "window", zero: bool = True,
+                      clip: str = "once") -> None:
+    """The window step of 02.3 (divide, zero, clip at their defaults), or one of its usual
+    mistakes: ``divide="k"`` (each mean / k) or ``"never"``, ``zero=False``, ``clip="every"``
+    (each micro-step) or ``"never"``."""
+    if zero:
+        optimizer.zero_grad()
+    items = sum(len(labels) for _, labels in window)
+    for inputs, labels in window:
+        if divide == "window":
+            loss = nn.functional.cross_entropy(model(inputs), labels, reduction="sum") / items
+        else:
+            loss = nn.functional.cross_entropy(model(inputs), labels)
+            loss = loss / len(window) if divide == "k" else loss
+        loss.backward()
+        if clip == "every":
+            nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    if clip == "once":
+        nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+
+
+def _run_window_step(step: Callable, max_grad_norm: float,
+                     **options: object) -> tuple[torch.Tensor, list[str]]:
+    """Run ``step(model, optimizer, scheduler, window, max_grad_norm, **options)`` on a fresh
+    toy model with an earlier window's gradient in ``.grad``, SGD and a halving schedule; return
+    the update it made (flattened) and the order of its optimizer and scheduler steps."""
+    window, model, events = _toy_window(seed=5), make_mlp(5, 8, 3, seed=0), []
+    before = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    _fill_stale_gradients(model, seed=6)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    scheduler = _RecordedSchedule(optimizer, events)
+    optimizer.register_step_post_hook(lambda *_: events.append("optimizer"))
+    step(model, optimizer, scheduler, window, max_grad_norm, **options)
+    after = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return after - before, events
+
+
+def _check_step_counts(events: list[str], k: int) -> None:
+    """02.3: one optimizer step, then one scheduler step, per window of ``k`` micro-batches."""
+    for name, count in (("optimizer", events.count("optimizer")),
+                        ("scheduler", events.count("scheduler"))):
+        _require(count > 0, f"{name}.step() never ran: step it once, after the last micro-batch",
+                 zh=f"{name}.step() 一次都没有运行：在最后一个微批次之后调用它一次")
+        _require(count == 1,
+                 f"{name}.step() ran {count} times for one window of {k} micro-batches"
+                 + (" (once per micro-batch)" if count == k else "")
+                 + ": step it once per window, after the last micro-batch",
+                 zh=f"{name}.step() 在一个有 {k} 个微批次的窗口里运行了 {count} 次"
+                    + ("（每个微批次一次）" if count == k else "")
+                    + "：每个窗口只调用它一次，在最后一个微批次之后")
+    _require(events == ["optimizer", "scheduler"],
+             "scheduler.step() ran before optimizer.step(), so the step used the next step's "
+             "learning rate: step the scheduler after the optimizer",
+             zh="scheduler.step() 在 optimizer.step() 之前运行了，于是这次更新用了下一步的学习率"
+                "：应当先更新优化器，再步进调度器")
+
+
+def _window_step(answer: object) -> str:
+    """02.3: ``answer(model, optimizer, scheduler, micro_batches, max_grad_norm)`` must take the
+    large batch's step; each usual mistake is recognised by its step counts or its update."""
+    _require(callable(answer), "answer must be a function train_window(model, optimizer, "
+                               "scheduler, micro_batches, max_grad_norm)",
+             zh="answer 必须是一个函数 train_window(model、optimizer、scheduler、micro_batches、"
+                "max_grad_norm)")
+    k, items = len(_WINDOW_SIZES), sum(_WINDOW_SIZES)
+    got, events = _run_window_step(answer, max_grad_norm=1e3)  # a norm no clipping reaches
+    _check_step_counts(events, k)
+    truth, _ = _run_window_step(_reference_window, 1e3)
+    if not _same(got, truth):
+        mistakes = {  # what each usual mistake's update is, measured on the same window
+            "zero": (dict(zero=False),
+                     "your gradient was added to the one .grad already held (an earlier "
+                     "window's): zero the gradients before the first micro-batch",
+                     "你的梯度被加到了 .grad 里原有的梯度（上一个窗口的）上：在第一个微批次之前先"
+                     "把梯度清零"),
+            "k": (dict(divide="k"),
+                  "you divided each micro-batch's mean loss by k: exact only on equal "
+                  f"micro-batches; divide each summed loss by the window's {items} samples",
+                  f"你把每个微批次的平均损失除以了 k：只有微批次大小相等时才精确；应当把每个"
+                  f"求和损失除以整个窗口的 {items} 个样本"),
+            "never": (dict(divide="never"),
+                      "you added the micro-batches' mean losses without dividing: k means, each "
+                      "already on the large batch's scale",
+                      "你把各微批次的平均损失直接加了起来，没有做除法：k 个均值，每一个本身就已经"
+                      "是大批次损失的量级"),
+        }
+        for options, hint, hint_zh in mistakes.values():
+            measured, _ = _run_window_step(_reference_window, 1e3, **options)
+            _require(not _same(got, measured), hint, zh=hint_zh)
+        error = ((got - truth).norm() / truth.norm()).item()
+        raise _WrongAnswer(
+            f"your update is {error:.0%} off the large batch's: backward each micro-batch's summed "
+            f"loss divided by the window's {items} samples",
+            zh=f"你的更新与大批次的相差 {error:.0%}：对每个微批次的求和损失除以整个窗口的 "
+               f"{items} 个样本，再调用 backward")
+    norm = torch.stack(_summed_loss_gradients(make_mlp(5, 8, 3, seed=0), _toy_window(seed=5))
+                       ).sum(0).norm().item() / items
+    clip = norm / 4  # clipping bites: the right step's gradient is cut to a quarter
+    got, _ = _run_window_step(answer, clip)
+    truth, _ = _run_window_step(_reference_window, clip)
+    every, _ = _run_window_step(_reference_window, clip, clip="every")
+    never, _ = _run_window_step(_reference_window, clip, clip="never")
+    _require(not _same(got, every),
+             "you clipped after every micro-batch: each clip cuts a partial sum; clip once, the "
+             "window's whole gradient, after the last backward",
+             zh="你在每个微批次之后都做了裁剪：每次裁剪的都只是部分和；应当在最后一次 backward "
+                "之后，对整个窗口的梯度只裁剪一次")
+    _require(not _same(got, never),
+             "your step did not clip: call clip_grad_norm_ with max_grad_norm once, after the "
+             "last backward and before optimizer.step()",
+             zh="你的这一步没有裁剪：在最后一次 backward 之后、optimizer.step() 之前，用 "
+                "max_grad_norm 调用一次 clip_grad_norm_")
+    error = ((got - truth).norm() / truth.norm()).item()
+    _require(_same(got, truth),
+             f"with clipping your update is {error:.0%} off the large batch's clipped one: clip "
+             "once, after the last backward and before optimizer.step()",
+             zh=f"裁剪时你的更新与大批次裁剪后的更新相差 {error:.0%}：在最后一次 backward 之后、"
+                "optimizer.step() 之前只裁剪一次")
+    return (f"one optimizer step and one scheduler step for a window of {k} uneven "
+            f"micro-batches, clipped once: the large batch's update to within 1e-09")
 
 
 # ---- 03: tokens ---------------------------------------------------------------------------
@@ -544,6 +803,157 @@ def _steps_per_epoch(answer: object) -> str:
             f"{steps} windows: {steps} optimizer steps (the last window is partial)")
 
 
+#: what exercise 05.3's runs measured, by the file's text and the function's name (a test or a
+#: reader checking the same window twice launches once)
+_DDP_WINDOW_RUNS: dict[str, dict] = {}
+
+
+def _ddp_window_target(answer: object) -> str:
+    """``PATH::NAME`` of the reader's window: a file defining ``ddp_window``, or a function
+    defined in a file."""
+    import inspect
+
+    path, name = None, "ddp_window"
+    if isinstance(answer, (str, Path)):  # PATH, or PATH::NAME for a function of another name
+        path, _, named = str(answer).partition("::")
+        path, name = Path(path), named or name
+    elif callable(answer):
+        source = inspect.getsourcefile(answer)
+        path, name = (Path(source) if source else None), answer.__name__
+    _require(path is not None and path.suffix == ".py" and path.is_file(),
+             f"answer must be the path of the .py file that defines ddp_window(model, window) "
+             f"(what %%writefile wrote), or a function defined in such a file; got {answer!r}",
+             zh=f"answer 必须是定义了 ddp_window(model, window) 的 .py 文件的路径（%%writefile "
+                f"写出的那个），或者是在这样的文件里定义的函数；实际得到的是 {answer!r}")
+    return f"{path.resolve()}::{name}"
+
+
+def _measure_ddp_windows(*answers: object) -> list[dict]:
+    """Run each window under torchrun on 2 gloo ranks (one launch for those not measured yet;
+    :mod:`~gradaccum_lib.notebook.ddp_window_check`) and return what was measured."""
+    from ..jobs.launch import LaunchError, LaunchTimeout, launch
+
+    targets = [_ddp_window_target(answer) for answer in answers]
+    keys = {target: Path(target.split("::")[0]).read_text(encoding="utf-8") + target
+            for target in targets}
+    missing = [target for target in targets if keys[target] not in _DDP_WINDOW_RUNS]
+    if missing:
+        try:
+            runs = launch("gradaccum_lib.notebook.ddp_window_check", missing,
+                          nproc_per_node=2, timeout_seconds=180)
+        except LaunchTimeout:
+            raise _WrongAnswer(
+                "the run did not finish within 180 s on 2 ranks: does every rank call the same "
+                "collectives (all_reduce, a synchronised backward) the same number of times?",
+                zh="在 2 个进程上运行 180 秒仍未结束：每个进程调用的集合通信（all_reduce、同步的"
+                   "反向传播）次数都一样吗？") from None
+        except LaunchError as error:
+            stderr = error.rank_stderr.get(error.root_cause_rank or 0, "").strip()
+            last = stderr.splitlines()[-1] if stderr else str(error).splitlines()[0]
+            raise _WrongAnswer(f"the run on 2 ranks failed: {last}",
+                               zh=f"在 2 个进程上运行失败：{last}") from None
+        _DDP_WINDOW_RUNS.update({keys[target]: runs[target] for target in missing})
+    return [_DDP_WINDOW_RUNS[keys[target]] for target in targets]
+
+
+def _steps(flags: list) -> str:
+    """The 1-based micro-steps where ``flags`` is true, as ``1, 3`` (or ``none``)."""
+    return ", ".join(str(i + 1) for i, flag in enumerate(flags) if flag) or "none"
+
+
+def _sync_flag_hint(window: dict) -> None:
+    """Name the sync-flag mistake a window's flags and syncs show, if any."""
+    forward, backward, synced = (window[key] for key in ("forward_flags", "backward_flags",
+                                                         "synced"))
+    last_only = [False] * (len(forward) - 1) + [True]
+    if forward == last_only and synced == last_only:
+        return
+    k, across = len(forward), window["across_ranks"]
+    if all(synced):
+        symptom = (f"all {k} micro-steps all-reduced: the gradient is right and nothing is saved",
+                   f"{k} 个微步全都做了全规约：梯度是对的，却什么也没省下")
+    else:
+        symptom = (f"micro-step(s) {_steps(synced)} all-reduced, a partial gradient, and the "
+                   f"ranks' gradients differ by up to {across:.2g}",
+                   f"第 {_steps(synced)} 个微步做了全规约，同步的只是部分梯度，各进程的梯度最多"
+                   f"相差 {across:.2g}")
+    if backward != forward:
+        raise _WrongAnswer(
+            f"sync flag set after the forward: the forward of micro-step(s) {_steps(forward)} "
+            f"read the flag on, but at the backward it was on at {_steps(backward)}; DDP's "
+            "forward reads the flag and tells the reducer whether the coming backward "
+            "all-reduces, so enter model.no_sync() before the forward. Measured: " + symptom[0],
+            zh=f"同步标志在前向之后才设置：第 {_steps(forward)} 个微步的前向读到的标志是开的，"
+               f"而到反向时开着的是第 {_steps(backward)} 个；DDP 的前向读取这个标志，并告诉 "
+               "reducer 接下来的反向要不要全规约，所以要在前向之前进入 model.no_sync()。"
+               "测得：" + symptom[1])
+    raise _WrongAnswer(
+        f"sync on the wrong micro-step: micro-step(s) {_steps(synced)} synchronised, where only "
+        f"the last ({k}) should; under no_sync a backward only accumulates locally. Keep "
+        "no_sync around forward and backward of every micro-step but the last. Measured: "
+        + symptom[0],
+        zh=f"在错误的微步上同步：同步的是第 {_steps(synced)} 个微步，而应当只同步最后一个"
+           f"（第 {k} 个）；在 no_sync 下反向传播只在本地累积。除最后一个微步外，每个微步的前向"
+           "和反向都要放在 no_sync 里。测得：" + symptom[1])
+
+
+def _divisor_hint(window: dict) -> None:
+    """Name the divisor mistake a window's gradient shows against the large batch's, if any."""
+    cosine, ratio = window["cosine"], window["ratio"]
+    if abs(cosine - 1) <= 1e-9 and abs(ratio - 1) <= 1e-9:
+        return
+    _require(not (abs(cosine - 1) <= 1e-9 and abs(ratio - 0.5) <= 1e-9),
+             f"no world factor: your gradient is {ratio:.3f} x the large batch's, 1/2 of it. "
+             "DDP averages the gradients of the 2 ranks, so multiply each rank's summed loss "
+             "by the world size as well as dividing it by the window's global count",
+             zh=f"少了进程数这个因子：你的梯度是大批次梯度的 {ratio:.3f} 倍，即 1/2。DDP 会对 2 "
+                "个进程的梯度取平均，所以每个进程的求和损失除以窗口的全局计数之外，还要乘以进程数")
+    raise _WrongAnswer(
+        f"wrong divisor: your gradient's cosine with the large batch's is {cosine:.4f} and its "
+        f"norm ratio {ratio:.4f}. On micro-batches of uneven sizes, a micro-batch mean divided "
+        "by k (or a count of one rank's samples) weighs samples unequally: divide each "
+        "micro-batch's summed loss by the window's sample count, all-reduced over the ranks, "
+        "times the world size",
+        zh=f"除数不对：你的梯度与大批次梯度的余弦相似度是 {cosine:.4f}，范数之比是 {ratio:.4f}。"
+           "微批次大小不一时，把微批次均值除以 k（或除以单个进程的样本数）会让样本的权重不等："
+           "应当把每个微批次的求和损失除以窗口的样本数（在各进程间全规约后），再乘以进程数")
+
+
+def _write_the_ddp_window(answer: object) -> str:
+    (run,) = _measure_ddp_windows(answer)
+    _require("error" not in run, f"your ddp_window raised {run.get('error')}",
+             zh=f"你的 ddp_window 抛出了异常：{run.get('error')}")
+    for window in run["windows"]:
+        _sync_flag_hint(window)
+    for window in run["windows"]:
+        _require(window["across_ranks"] <= 1e-12,
+                 f"the ranks' gradients differ by up to {window['across_ranks']:.2g}",
+                 zh=f"各进程的梯度最多相差 {window['across_ranks']:.2g}")
+        _divisor_hint(window)
+    off = sorted({device for device in run.get("all_reduce_devices", []) if device != "cpu"})
+    nccl = ("Gloo on the CPU takes any CPU tensor; NCCL all-reduces CUDA tensors only, and a "
+            "count left on the CPU fails there ('No backend type associated with device type "
+            "cpu')", "CPU 上的 gloo 什么 CPU 张量都接受；NCCL 只对 CUDA 张量做全规约，留在 CPU "
+            "上的计数在那里会出错（报错说 cpu 这种设备类型没有对应的后端）")
+    _require("device_error" not in run,
+             f"with the default device set apart from the model's, your window raised "
+             f"{run.get('device_error')}: a tensor made without device= lands on the default "
+             f"device, not the model's. {nccl[0]}",
+             zh=f"把默认设备设成与模型所在设备不同之后，你的窗口抛出了异常 "
+                f"{run.get('device_error')}：不带 device= 创建的张量落在默认设备上，而不是模型"
+                f"所在的设备上。{nccl[1]}")
+    _require(not off,
+             f"count tensor off the model's device: with the default device set apart from the "
+             f"model's (cpu), dist.all_reduce got a tensor on {', '.join(off)}; create the count "
+             f"on next(model.parameters()).device. {nccl[0]}",
+             zh=f"计数张量不在模型所在的设备上：把默认设备设成与模型的（cpu）不同之后，"
+                f"dist.all_reduce 收到的张量在 {', '.join(off)} 上；应当在 "
+                f"next(model.parameters()).device 上创建计数。{nccl[1]}")
+    return ("your ddp_window on 2 gloo ranks, 2 windows of 3 uneven micro-batches: one "
+            "all-reduce per window, at the last micro-step; the gradient is the large batch's "
+            "within 1e-09; the count all-reduced on the model's device")
+
+
 # ---- 06: beyond ---------------------------------------------------------------------------
 
 def _sqrt_learning_rate(answer: object) -> str:
@@ -685,6 +1095,45 @@ def _window_load_balancing_loss(answer: object) -> str:
             f"(0.5, 0.5): loss {window:.3f}, where each micro-batch's own is {each:.3f}")
 
 
+# ---- 09: the article, checked ----------------------------------------------------------
+
+def _communication_share(answer: object) -> str:
+    step = DdpStepModel.from_comm_share(compute_per_micro_step=1.0, comm_share=0.6)
+    share, every = step.comm_fraction(4, "window"), step.comm_fraction(4, "every")
+    given = _number(answer, "answer (a fraction)", "answer（一个比例）")
+    _require(given <= 1, f"{given:g} is a percentage; give the share as a fraction of 1",
+             zh=f"{given:g} 是百分数；请给出 0 到 1 之间的比例")
+    _require(abs(given - every) > 0.005,
+             f"{given:g} is the share without no_sync: then every micro-step all-reduces",
+             zh=f"{given:g} 是不用 no_sync 时的占比：那样每个微步都要全规约")
+    _require(abs(given - share) <= 0.005,
+             f"{given:g} is not it; at k = 1 one all-reduce costs 0.6 / 0.4 = 1.5 micro-steps of "
+             "compute, and a window has k micro-steps of compute and one all-reduce",
+             zh=f"{given:g} 不对；k = 1 时一次全规约的时间是 0.6 / 0.4 = 1.5 个微步的计算，而一个"
+                "窗口有 k 个微步的计算和一次全规约")
+    return f"at k = 4 with no_sync, communication is {share:.3f} of the step (0.6 at k = 1)"
+
+
+def _article_epoch_steps(answer: object) -> str:
+    records, micro, k, gpus = 1_000_000, 32, 8, 8
+    sampler = DistributedSampler(range(records), num_replicas=gpus, rank=0, shuffle=False)
+    micro_batches = math.ceil(len(sampler) / micro)
+    steps = math.ceil(micro_batches / k)
+    given = _number(answer, "answer (optimizer steps)", "answer（优化器更新次数）")
+    _require(given not in (micro_batches, math.ceil(records / (micro * k))),
+             f"{given:g} is one process's count of steps (and each rank's count of micro-steps "
+             f"under DDP); under DDP each of the {gpus} ranks takes 1/{gpus} of the records, "
+             "and a step takes k micro-steps",
+             zh=f"{given:g} 是单进程的更新次数（也是 DDP 下每个进程的微步数）；在 DDP 下 {gpus} "
+                f"个进程每个只分到 1/{gpus} 的数据，而一次更新要 k 个微步")
+    _require(given == steps, f"{given:g} is not it; count rank 0's samples, its micro-batches, "
+             "then windows of k (a partial last window steps too)",
+             zh=f"{given:g} 不对；先数 0 号进程的样本，再数它的微批次，最后数 k 个一组的窗口"
+                "（最后一个不满的窗口也会更新）")
+    return (f"each rank gets {len(sampler)} records, {micro_batches} micro-batches: "
+            f"{steps} optimizer steps")
+
+
 # ---- the exercises --------------------------------------------------------------------
 
 _EXERCISES: dict[str, _Exercise] = {
@@ -700,12 +1149,20 @@ _EXERCISES: dict[str, _Exercise] = {
     "01.2": _Exercise("make a token loss decompose",
                      "a loss function (model, batch) -> (summed loss, number of real tokens) "
                      "that accumulates to the whole batch's token mean", _decomposing_loss),
+    "01.3": _Exercise("write the window's gradient",
+                     "a function window_gradient(model, micro_batches) that leaves in .grad the "
+                     "gradient of the mean cross-entropy over all the window's samples",
+                     _window_gradient),
     "02.1": _Exercise("the micro-batch and k for a 16 GiB GPU",
                      "a pair (micro_batch, k): the largest micro-batch that fits, and the "
                      "smallest k reaching 256 samples", _fit_a_gpu),
     "02.2": _Exercise("the update of a loop that never divides by k",
                      "a number: how many times the large batch's update the loop's update is",
                      _forgot_to_divide),
+    "02.3": _Exercise("write the window's step",
+                     "a function train_window(model, optimizer, scheduler, micro_batches, "
+                     "max_grad_norm) that takes the large batch's step: gradients zeroed, one "
+                     "clip, one optimizer step, one scheduler step", _window_step),
     "03.1": _Exercise("a token's weight in the mean of micro-batch means",
                      "a number: a short micro-batch token's weight in the mean of micro-batch "
                      "means, over its weight in the window's token mean", _mean_of_means_weight),
@@ -731,6 +1188,11 @@ _EXERCISES: dict[str, _Exercise] = {
     "05.2": _Exercise("optimizer steps per epoch under DistributedSampler",
                      "the optimizer steps of one epoch: 50 samples, 2 ranks, micro-batches of 4, "
                      "k = 2", _steps_per_epoch),
+    "05.3": _Exercise("write the DDP window",
+                     "the path of a .py file defining ddp_window(model, window), which leaves in "
+                     ".grad of the DDP model the gradient of the mean loss over all ranks' "
+                     "samples of the window, all-reducing once, at the last micro-step",
+                     _write_the_ddp_window),
     "06.1": _Exercise("the square-root learning-rate rule",
                      "the square-root rule's learning rate for a batch of 256, from 2e-5 at 32",
                      _sqrt_learning_rate),
@@ -752,6 +1214,12 @@ _EXERCISES: dict[str, _Exercise] = {
                      "a number: the window's load-balancing loss 2 sum_e f_e P_e from the "
                      "window's token shares and mean probabilities, over both micro-batches",
                      _window_load_balancing_loss),
+    "09.1": _Exercise("the communication share at k = 4",
+                     "a fraction: the share of a step spent in all-reduce at k = 4 with no_sync, "
+                     "if it is 0.6 at k = 1", _communication_share),
+    "09.2": _Exercise("optimizer steps in an epoch of the article's records",
+                     "a number: the optimizer steps of one epoch of 1,000,000 records, "
+                     "micro-batches of 32, k = 8, 8 GPUs", _article_epoch_steps),
 }
 
 
@@ -761,8 +1229,10 @@ _TITLES_ZH: dict[str, str] = {
     "00.2": "DDP 下一次优化器更新的样本数",
     "01.1": "找出更新出错的那个循环",
     "01.2": "让 token 损失可以分解",
+    "01.3": "写出一个窗口的梯度",
     "02.1": "16 GiB GPU 上的微批次和 k",
     "02.2": "从不除以 k 的循环的更新",
+    "02.3": "写出一个窗口的训练步",
     "03.1": "微批次均值的均值中一个 token 的权重",
     "03.2": "每个 DDP 进程的除数",
     "04.1": "8 张 GPU 上 256 个样本所需的 k",
@@ -771,12 +1241,15 @@ _TITLES_ZH: dict[str, str] = {
     "04b.2": "Accelerate 在最后一个不满的窗口上",
     "05.1": "一个 epoch 里 DDP 全规约的字节数",
     "05.2": "DistributedSampler 下每个 epoch 的优化器更新次数",
+    "05.3": "写出 DDP 的累积窗口",
     "06.1": "学习率的平方根缩放规则",
     "06.2": "带不满窗口的 epoch 的优化器更新次数",
     "07.1": "一个 epoch 第一次更新里的微批次",
     "07.2": "学习率调度的长度",
-    "08.1": "不清零的两次流水线调度更新",
+    "08.1": "不清零的两个流水线调度步",
     "08.2": "一个窗口的负载均衡损失",
+    "09.1": "k = 4 时通信所占的比例",
+    "09.2": "文章的一百万条病历，一个 epoch 的优化器更新次数",
 }
 
 
@@ -787,8 +1260,12 @@ _EXPECTS_ZH: dict[str, str] = {
     "01.1": '更新与大批次不同的那个循环的名字，"A" 或 "B"',
     "01.2": "一个损失函数 (model, batch) -> (求和损失, 真实 token 数)，"
             "累积起来等于整个批次的 token 均值",
+    "01.3": "一个函数 window_gradient(model, micro_batches)，在 .grad 中留下整个窗口所有样本"
+            "平均交叉熵的梯度",
     "02.1": "一个二元组 (micro_batch, k)：放得下的最大微批次，以及达到 256 个样本的最小 k",
     "02.2": "一个数：这个循环的更新是大批次更新的多少倍",
+    "02.3": "一个函数 train_window(model, optimizer, scheduler, micro_batches, max_grad_norm)，"
+            "做出大批次的那次更新：先清零梯度，裁剪一次，优化器更新一次，调度器步进一次",
     "03.1": "一个数：短微批次中一个 token 在微批次均值的均值里的权重，"
             "与它在窗口 token 均值里的权重之比",
     "03.2": "每个进程用来除自己求和 token 损失的那个数，使 DDP 取平均后正好是窗口的 token 均值",
@@ -799,14 +1276,18 @@ _EXPECTS_ZH: dict[str, str] = {
     "04b.2": "一个数：在 k = 4、只有 2 个微批次的窗口上，Accelerate 的 SGD 更新是真实更新的多少倍",
     "05.1": "一个进程在整个 epoch 里交给全规约的梯度字节数",
     "05.2": "一个 epoch 的优化器更新次数：50 个样本、2 个进程、微批次 4、k = 2",
+    "05.3": "一个定义了 ddp_window(model, window) 的 .py 文件的路径：它在 DDP 模型的 .grad 里"
+            "留下窗口内所有进程全部样本的平均损失的梯度，只在最后一个微步全规约一次",
     "06.1": "按平方根规则，从批大小 32 时的 2e-5 推出批大小 256 时的学习率",
     "06.2": "10 个微批次、k = 4 时的优化器（以及调度器）更新次数",
     "07.1": "一个数：第二个 epoch 的第一次优化器更新累加了多少个微批次的梯度"
             "（每个 epoch 11 个微批次，k = 4，从每个 epoch 开头数起）",
     "07.2": "一个数：1,000 个样本、微批次 8、k = 4，3 个 epoch 的优化器更新次数"
             "（不满的窗口也更新）",
-    "08.1": "一个数：a / b，其中 a g1 + b g2 是两次各 4 个微批次的 GPipe 更新"
+    "08.1": "一个数：a / b，其中 a g1 + b g2 是两个各 4 个微批次的 GPipe 调度步"
             "（平均损失，scale_grads=True）之间不清零时的梯度",
     "08.2": "一个数：由窗口的 token 占比和平均概率算出的、覆盖两个微批次的"
             "窗口负载均衡损失 2 sum_e f_e P_e",
+    "09.1": "一个比例：若 k = 1 时全规约占一步的 0.6，用 no_sync、k = 4 时它占一步的多少",
+    "09.2": "一个数：1,000,000 条病历、微批次 32、k = 8、8 张 GPU，一个 epoch 的优化器更新次数",
 }
