@@ -14,6 +14,10 @@ id and a hash of its English source::
     <!-- cell 448c2880 source 1a2b3c4d5e6f -->
     译文 ...
 
+A section ``<!-- output ID source HASH -->`` says in Chinese what code cell ID prints (the hash
+is that of the English cell's stdout; its numbers must be the English ones): the twin shows it
+in place of the English text, so a headline figure reads in the reader's language.
+
 A twin is the English notebook with each markdown cell replaced by its translation. Its code
 cells, their outputs and the widget state are the English ones (links in Markdown and HTML
 outputs rewritten for the twin's folder; an exercise checker's output framed in Chinese, as a
@@ -43,7 +47,10 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 TWINS = NOTEBOOKS / "zh"
 TRANSLATIONS = TWINS / "translations"
-MARKER = re.compile(r"^<!-- cell (\S+) source ([0-9a-f]{12}) -->[ \t]*$", re.M)
+MARKER = re.compile(r"^<!-- (cell|output) (\S+) source ([0-9a-f]{12}) -->[ \t]*$", re.M)
+#: a translation file's key for what a code cell prints (a section "<!-- output ID source HASH -->"
+#: whose hash is that of the English cell's printed text)
+OUTPUT = "output:"
 TODO = "TODO-翻译"
 LINK = re.compile(r"(\]\()([^)\s]+)(\))")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*$", re.M)
@@ -112,10 +119,10 @@ def read_translation(path: Path) -> dict[str, Entry]:
     entries: dict[str, Entry] = {}
     for index, marker in enumerate(markers):
         end = markers[index + 1].start() if index + 1 < len(markers) else len(text)
-        cell_id = marker.group(1)
+        cell_id = marker.group(2) if marker.group(1) == "cell" else OUTPUT + marker.group(2)
         if cell_id in entries:
             raise ValueError(f"{path}: cell {cell_id} is translated twice")
-        entries[cell_id] = Entry(marker.group(2), text[marker.end():end].strip("\n"))
+        entries[cell_id] = Entry(marker.group(3), text[marker.end():end].strip("\n"))
     return entries
 
 
@@ -126,6 +133,24 @@ def markdown_cells(notebook: dict) -> list[dict]:
 
 def _source(cell: dict) -> str:
     return "".join(cell["source"])
+
+
+def printed(cell: dict) -> str:
+    """Return what a code cell printed (its stdout), as one text."""
+    return "".join("".join(output["text"]) for output in cell.get("outputs", [])
+                   if output.get("name") == "stdout")
+
+
+def localize_output(cell: dict, entries: dict[str, Entry]) -> None:
+    """Put the translation of what a code cell printed, where the translation file has one, in
+    place of its stdout (the English text's numbers, said in Chinese)."""
+    entry = entries.get(OUTPUT + cell["id"])
+    if entry is None:
+        return
+    streams = [output for output in cell["outputs"] if output.get("name") == "stdout"]
+    streams[0]["text"] = entry.text + "\n"
+    cell["outputs"] = [output for output in cell["outputs"]
+                       if output.get("name") != "stdout" or output is streams[0]]
 
 
 def problems(notebook_path: Path) -> list[str]:
@@ -146,6 +171,14 @@ def problems(notebook_path: Path) -> list[str]:
                          f"(translated {entry.source_hash}, now {source_hash(_source(cell))})")
         elif TODO in entry.text or not entry.text.strip():
             found.append(f"{name}: cell {cell['id']} is not translated yet")
+    for cell in notebook["cells"]:
+        entry = entries.get(OUTPUT + cell["id"])
+        if entry is None or cell["cell_type"] != "code":
+            continue
+        ids.add(OUTPUT + cell["id"])
+        if entry.source_hash != source_hash(printed(cell)):
+            found.append(f"{name}: what cell {cell['id']} prints changed since it was translated "
+                         f"(translated {entry.source_hash}, now {source_hash(printed(cell))})")
     found += [f"{name}: the translation of cell {cell_id} has no cell in the notebook"
               for cell_id in entries if cell_id not in ids]
     return found
@@ -262,6 +295,23 @@ def localize_feedback(cell: dict) -> None:
         output["text"] = "\n".join(lines)
 
 
+#: a relative path to the repository's build/ folder in a code cell ("../build/x.py" from
+#: notebooks/): a twin sits one folder deeper (notebooks/zh/), so its cells reach one level up
+#: more, and running a twin writes to build/ too, not to a build/ beside the notebooks
+BUILD_PATH = re.compile(r"(?<![\w./])((?:\.\./)+build\b)")
+
+
+def rewrite_build_paths(cell: dict) -> None:
+    """Point a code cell's relative paths to build/ (source and printed text) from the twin's
+    folder, one level deeper than the English notebook's."""
+    cell["source"] = [BUILD_PATH.sub(r"../\1", line) for line in cell["source"]]
+    for output in cell.get("outputs", []):
+        if "text" in output:
+            text = output["text"]
+            output["text"] = (BUILD_PATH.sub(r"../\1", text) if isinstance(text, str)
+                              else [BUILD_PATH.sub(r"../\1", line) for line in text])
+
+
 def english_link(notebook: PurePosixPath) -> str:
     """Return the line a twin's first cell ends with: a link to the English notebook."""
     back = os.path.relpath(str(PurePosixPath("notebooks") / notebook),
@@ -283,6 +333,8 @@ def build_twin(notebook_path: Path, linker: Linker | None = None) -> dict:
         if cell["cell_type"] == "code":
             rewrite_output_links(cell, name, linker)
             localize_feedback(cell)
+            rewrite_build_paths(cell)
+            localize_output(cell, entries)
         if cell["cell_type"] != "markdown":
             continue
         text = linker.rewrite(entries[cell["id"]].text, name)
@@ -317,6 +369,10 @@ def skeleton(notebook_path: Path) -> Path:
         else:
             text = entry.text
         parts.append(f"<!-- cell {cell['id']} source {source_hash(source)} -->\n{text}")
+    for cell in notebook["cells"]:  # the printed texts translated, kept as they are
+        entry = entries.get(OUTPUT + cell["id"])
+        if entry is not None:
+            parts.append(f"<!-- output {cell['id']} source {entry.source_hash} -->\n{entry.text}")
     path = translation_path(notebook_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n\n".join(parts) + "\n", encoding="utf-8")

@@ -56,9 +56,11 @@ def test_the_twins_code_and_outputs_are_the_english_ones(notebook: Path) -> None
     assert [c["id"] for c in twin["cells"]] == [c["id"] for c in english["cells"]]
     linker = twins.Linker()
     for ours, theirs in zip(twin["cells"], english["cells"], strict=True):
-        if theirs["cell_type"] == "code":  # the same, but for links a browser follows
+        if theirs["cell_type"] == "code":  # the same, but for links and paths to build/
             twins.rewrite_output_links(theirs, twins.relative(notebook), linker)
             twins.localize_feedback(theirs)
+            twins.rewrite_build_paths(theirs)
+            twins.localize_output(theirs, twins.read_translation(twins.translation_path(notebook)))
             assert ours == theirs, f"code cell {theirs['id']} differs from the English one"
     assert twin["metadata"]["kernelspec"] == english["metadata"]["kernelspec"]
     assert twin["metadata"].get("widgets") == english["metadata"].get("widgets")
@@ -72,6 +74,12 @@ def test_every_number_of_a_translation_is_its_english_cells(notebook: Path) -> N
     extra = {cell["id"]: sorted(numbers("".join(cell["source"])) - numbers(english[cell["id"]]))
              for cell in twin["cells"] if cell["cell_type"] == "markdown"}
     assert {cell_id: found for cell_id, found in extra.items() if found} == {}
+    # a printed text said in Chinese states the English text's numbers, all of them
+    printed = {c["id"]: twins.printed(c)
+               for c in json.loads(notebook.read_text(encoding="utf-8"))["cells"]}
+    for cell in twin["cells"]:
+        if cell["cell_type"] == "code" and twins.printed(cell) != printed[cell["id"]]:
+            assert numbers(twins.printed(cell)) == numbers(printed[cell["id"]]), cell["id"]
 
 
 @pytest.mark.parametrize("notebook", TRANSLATED, ids=NAMES)
@@ -191,3 +199,53 @@ def test_exercise_feedback_follows_the_notebooks_language(monkeypatch, capsys) -
               and "".join(cell["source"]).startswith("check_exercise(")]
     assert checks and all("".join(cell["outputs"][0]["text"]).startswith("练习 00.")
                           for cell in checks)
+
+
+def test_a_twin_writes_to_the_repositorys_build_folder() -> None:
+    """A twin is one folder deeper than its English notebook: its relative paths to build/
+    reach one level further up, so running it writes where the English one does."""
+    cell = {"source": ['%%writefile ../build/a.py\n', 'runpy.run_path("../../build/b.py")\n',
+                       'Path("my_build/x")  # not a path to build/\n'],
+            "outputs": [{"name": "stdout", "output_type": "stream",
+                         "text": ["torchrun ../build/a.py\n"]}]}
+    twins.rewrite_build_paths(cell)
+    assert cell["source"] == ['%%writefile ../../build/a.py\n',
+                              'runpy.run_path("../../../build/b.py")\n',
+                              'Path("my_build/x")  # not a path to build/\n']
+    assert cell["outputs"][0]["text"] == ["torchrun ../../build/a.py\n"]
+    for notebook in TRANSLATED:  # and every committed twin does
+        english = notebook.read_text(encoding="utf-8").count('../build')
+        twin = twins.twin_path(notebook).read_text(encoding="utf-8")
+        assert twin.count('../../build') >= english, twins.relative(notebook)
+
+
+def test_a_printed_text_can_be_said_in_chinese_and_goes_stale_with_the_english(
+        tmp_path, monkeypatch) -> None:
+    english = tmp_path / "notebooks" / "01_x.ipynb"
+    english.parent.mkdir()
+    title = {"cell_type": "markdown", "id": "intro", "metadata": {}, "source": ["# Title"]}
+    code = {"cell_type": "code", "id": "count", "metadata": {}, "execution_count": 1,
+            "source": ["print(...)"],
+            "outputs": [{"name": "stdout", "output_type": "stream", "text": ["used 0.250\n"]}]}
+
+    def write() -> None:
+        english.write_text(json.dumps({"cells": [title, code], "metadata": {}, "nbformat": 4,
+                                       "nbformat_minor": 5}))
+
+    write()
+    monkeypatch.setattr(twins, "NOTEBOOKS", english.parent)
+    monkeypatch.setattr(twins, "TRANSLATIONS", english.parent / "zh" / "translations")
+    translation = twins.translation_path(english)
+    translation.parent.mkdir(parents=True)
+    digest = twins.source_hash("used 0.250\n")
+    translation.write_text(f"<!-- cell intro source {twins.source_hash('# Title')} -->\n# 标题\n\n"
+                           f"<!-- output count source {digest} -->\n用到 0.250\n")
+    assert twins.problems(english) == []
+    twin = twins.build_twin(english)
+    assert twin["cells"][1]["outputs"][0]["text"] == "用到 0.250\n"
+    assert twin["cells"][1]["source"] == ["print(...)"]  # the code stays the English code
+    code["outputs"][0]["text"] = ["used 0.500\n"]  # the English output changed
+    write()
+    assert twins.problems(english) == [
+        f"01_x.ipynb: what cell count prints changed since it was translated (translated "
+        f"{digest}, now {twins.source_hash('used 0.500' + chr(10))})"]
