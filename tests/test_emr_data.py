@@ -7,12 +7,10 @@ import torch
 
 from gradaccum_lib.losses import bert_classification_loss, bert_masked_lm_loss
 from gradaccum_lib.workloads.data import (
-    display_width,
     encode_records,
     load_emr_split,
     load_tokenizer,
     mask_tokens,
-    pad_to_width,
 )
 from gradaccum_lib.workloads.emr_corpus import (
     _DIAGNOSES,
@@ -188,21 +186,3 @@ def test_mask_tokens_leaves_a_boolean_attention_mask_untouched(tokenizer):
     mask_tokens(batch, mask_token_id=tokenizer.mask_token_id,
                 special_token_ids=tokenizer.all_special_ids, seed=0)
     assert torch.equal(batch["attention_mask"], before)
-
-
-def test_labels_are_padded_by_display_width_not_by_characters():
-    assert display_width("高血压") == 6 and display_width("2型糖尿病") == 9  # wide = 2 columns
-    assert display_width("ＡＢ") == 4  # full-width
-    assert display_width("e\u0301") == 1  # a combining mark takes no column
-    assert display_width("") == 0 and display_width("mmHg") == 4
-    width = max(map(display_width, LABELS))
-    assert width == 16  # 慢性阻塞性肺疾病: 8 characters, 16 columns
-    padded = [pad_to_width(label, width) for label in LABELS]
-    assert {display_width(text) for text in padded} == {width}  # one column for the counts
-    assert [text.rstrip(" ") for text in padded] == list(LABELS)
-    assert pad_to_width("高血压", 4) == "高血压"  # wider already: unchanged
-    assert f"{'高血压':10s}" != pad_to_width("高血压", 10)  # what format's padding got wrong
-    with pytest.raises(ValueError, match="width must be an int >= 0; got -1"):
-        pad_to_width("高血压", -1)
-    with pytest.raises(TypeError, match="text must be a str; got int"):
-        display_width(3)

@@ -36,8 +36,8 @@ CITED: dict[tuple[str, str], str] = {
     ("04_emr_case_study.ipynb", "16 GB"): "the V100's memory (NVIDIA V100 datasheet, 16 GB model)",
     ("04_emr_case_study.ipynb", "1 GiB"): "a planning input: reserve = 1 * GIB in 04 §3's code",
     ("04_emr_case_study.ipynb", "175B"): "the article's figure for RoBERTa-wwm-large (notebook 09)",
-    ("05_ddp_torchrun.ipynb", "40%"):
-        "the article's figure (GPU utilisation under 40%), quoted in 05 §5 (notebook 09 §6)",
+    ("06_beyond.ipynb", "40%"):
+        "the article's figure (GPU utilisation under 40%), quoted in 06 §5 (notebook 09 §6)",
     ("06_beyond.ipynb", "15%"): "a tolerance: 06 §1 asserts abs(estimate - truth) <= 0.15 * truth",
 }
 # each notebook's header states its run time, recorded in scripts/run_times.json by

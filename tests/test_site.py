@@ -422,7 +422,7 @@ def test_links_between_the_readme_the_docs_and_the_notebooks_stay_in_the_site(si
     assert 'href="docs/running.html#what-make-lab-does"' in readme  # README -> docs, heading
     assert 'href="00_the_article.html"' in readme  # README -> notebook
     training = (out / "docs" / "training.html").read_text()
-    assert 'href="../05_ddp_torchrun.html"' in training  # docs -> notebook
+    assert 'href="../04_emr_case_study.html"' in training  # docs -> notebook
     assert 'href="security.html"' in training  # docs -> docs
     assert 'href="../source/tests/test_train.py.html"' in training  # docs -> a source copy
     assert 'id="the-three-commands"' in training  # headings named as GitHub names them

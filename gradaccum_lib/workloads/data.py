@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,7 +25,6 @@ if TYPE_CHECKING:  # transformers is imported only where a tokenizer is built
 
 
 __all__ = [
-    "display_width",
     "encode_records",
     "IGNORE_INDEX",
     "load_emr_split",
@@ -34,7 +32,6 @@ __all__ = [
     "make_toy_classification",
     "make_toy_token_batch",
     "mask_tokens",
-    "pad_to_width",
 ]
 
 
@@ -301,23 +298,3 @@ def mask_tokens(
     chosen[has_candidate, lowest[has_candidate]] = True
     labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
     return {**batch, "input_ids": input_ids.masked_fill(chosen, mask_token_id), "labels": labels}
-
-
-def display_width(text: str) -> int:
-    """Return the columns ``text`` takes in a monospaced font: 2 for an East Asian wide or
-    full-width character (``unicodedata.east_asian_width`` W or F: every character of a
-    Chinese label), 0 for a combining mark, 1 for anything else."""
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a str; got {type(text).__name__}")
-    return sum(0 if unicodedata.combining(character)
-               else 2 if unicodedata.east_asian_width(character) in ("W", "F") else 1
-               for character in text)
-
-
-def pad_to_width(text: str, width: int) -> str:
-    """Return ``text`` with spaces appended up to ``width`` display columns
-    (:func:`display_width`), so that Chinese labels line up in a printed table; ``text``
-    unchanged when it is as wide already. (``f"{label:10s}"`` pads by characters, and a
-    Chinese character takes two columns.)"""
-    check_int("width", width, low=0)
-    return text + " " * max(0, width - display_width(text))

@@ -207,9 +207,9 @@ def test_the_readme_and_the_docs_pages_open_and_lead_to_the_notebooks(offline, s
     page.goto((site / "docs" / "commands.html").as_uri())
     assert page.locator("table th").first.inner_text() == "command"
     page.goto((site / "docs" / "training.html").as_uri())
-    offline.follow("../05_ddp_torchrun.html")  # docs -> notebook
+    offline.follow("../04_emr_case_study.html")  # docs -> notebook
     assert page.title() == {entry["page"]: entry for entry in _pages(site)}[
-        "05_ddp_torchrun.html"]["title"]
+        "04_emr_case_study.html"]["title"]
 
 
 def test_every_link_of_the_site_with_its_vendored_files_resolves(site):

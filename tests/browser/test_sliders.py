@@ -44,15 +44,15 @@ SCREENSHOTS = ROOT / "build" / "browser-screenshots"
 CASES = [
     ("02_single_device.ipynb", "accumulation steps k", "8", True),
     ("04_emr_case_study.ipynb", "accumulation steps k", "16", True),
-    ("05_ddp_torchrun.ipynb", "accumulation steps k", "2", True),
     ("06_beyond.ipynb", "effective batch", None, False),
+    ("06_beyond.ipynb", "accumulation steps k", "2", True),
 ]
 # the Chinese twin of 02 (notebooks/zh/): its stored sliders must render on open too
 OPENED = [*CASES, ("zh/02_single_device.ipynb", "accumulation steps k", "8", True)]
-# Moving a slider needs a live kernel, so its notebook is run whole first. 04 and 05 take
-# minutes (their training and torchrun runs), so by default only 02 and 06 are run and moved:
+# Moving a slider needs a live kernel, so its notebook is run whole first. 04 takes minutes
+# (its training and torchrun runs), so by default only 02 and 06 are run and moved:
 # the same front-end code draws every explorer, and tests/test_widgets_and_figures.py moves
-# each explorer's slider in Python. GRADACCUM_BROWSER_ALL=1 runs and moves all four.
+# each explorer's slider in Python. GRADACCUM_BROWSER_ALL=1 runs and moves them all.
 MOVED = [case for case in CASES if os.environ.get("GRADACCUM_BROWSER_ALL") == "1"
          or case[0] in ("02_single_device.ipynb", "06_beyond.ipynb")]
 
