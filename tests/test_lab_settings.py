@@ -1,4 +1,5 @@
-"""`make lab` installs JupyterLab defaults into the venv (not ~/.jupyter): no news pop-up.
+"""`make lab` installs JupyterLab defaults into the venv (not ~/.jupyter): no news pop-up, and a
+file browser without its "Last Modified" column, so that the notebooks' names are not cut short.
 
 The Makefile's `lab-settings` step (a prerequisite of `lab`) is run into a temporary settings
 directory; the file it installs is then read by jupyterlab_server's own loader against the
@@ -18,6 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGIN = "@jupyterlab/apputils-extension:notification"
+BROWSER = "@jupyterlab/filebrowser-extension:browser"
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
 
@@ -51,7 +53,8 @@ def test_make_installs_an_override_that_turns_the_news_off(installed, monkeypatc
     installed_files = sorted(p.relative_to(settings) for p in settings.rglob("*") if p.is_file())
     assert installed_files == [Path("overrides.d/gradaccum.json")]
     overrides = json.loads((settings / "overrides.d" / "gradaccum.json").read_text())
-    assert overrides == {PLUGIN: {"fetchNews": "false"}}
+    assert overrides == {PLUGIN: {"fetchNews": "false"},
+                         BROWSER: {"showLastModifiedColumn": False}}
     assert list(home.iterdir()) == []  # nothing written to the user's own settings
 
     # the key and value against the installed JupyterLab's schema ("false" is "Never")
@@ -71,6 +74,10 @@ def test_make_installs_an_override_that_turns_the_news_off(installed, monkeypatc
     assert not [w for w in warnings if w]
     assert result["schema"]["properties"]["fetchNews"]["default"] == "false"
     assert result["raw"] == "{}"  # the user's own settings: untouched, and they still win
+    browser, warnings = get_settings(str(settings), str(schemas), str(home / "user-settings"),
+                                     schema_name=BROWSER)
+    assert not [w for w in warnings if w]
+    assert browser["schema"]["properties"]["showLastModifiedColumn"]["default"] is False
 
 
 def test_make_lab_installs_it_where_the_venvs_jupyterlab_reads_it(monkeypatch) -> None:

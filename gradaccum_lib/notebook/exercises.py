@@ -777,6 +777,7 @@ def _allreduce_bytes(answer: object) -> str:
             for window in windows_of(micro_batches, 4):
                 accumulate_window(ddp, optimizer, window, sample_classification_loss)
             sent = counter.take()["bytes"]
+            del ddp, optimizer, counter  # the reducer goes before its process group does
         finally:
             dist.destroy_process_group()
     _require(_number(answer, "answer (bytes)", "answer（字节数）") == sent,

@@ -185,8 +185,8 @@ def test_a_notebook_links_its_solutions_and_its_source_files(offline, site):
     assert page.title() == pages["02_single_device.html"]["title"]
 
     page.goto((site / "05_ddp_torchrun.html").as_uri())
-    offline.follow("source/scripts/ddp.py.html")
-    first_line = (ROOT / "scripts" / "ddp.py").read_text().splitlines()[0]
+    offline.follow("source/scripts/memory_probe.py.html")
+    first_line = (ROOT / "scripts" / "memory_probe.py").read_text().splitlines()[0]
     assert page.locator("pre#source").inner_text().startswith(first_line)
     offline.follow("../../index.html")
 
