@@ -536,26 +536,31 @@ class _RecordedSchedule(torch.optim.lr_scheduler.LambdaLR):
         super().step(*args, **kwargs)
 
 
-def _reference_window(model: nn.Module, optimizer: torch.optim.Optimizer,  # noqa: PLR0913
-                      scheduler: torch.optim.lr_scheduler.LRScheduler, window: list,
-                      max_grad_norm: float, *, divide: str = "window", zero: bool = True,
-                      clip: str = "once") -> None:
-    """The window step of 02.3 (divide, zero, clip at their defaults), or one of its usual
-    mistakes: ``divide="k"`` (each mean / k) or ``"never"``, ``zero=False``, ``clip="every"``
-    (each micro-step) or ``"never"``."""
-    if zero:
+def _right_window(model: nn.Module, optimizer: torch.optim.Optimizer,
+                  scheduler: torch.optim.lr_scheduler.LRScheduler, window: list,
+                  max_grad_norm: float) -> None:
+    """The window step 02.3 asks for: the library's loop (the summed cross-entropy, divided by
+    the window's count)."""
+    accumulate_window(model, optimizer, window, sample_classification_loss, scheduler=scheduler,
+                      max_grad_norm=max_grad_norm)
+
+
+def _mistaken_window(model: nn.Module, optimizer: torch.optim.Optimizer,  # noqa: PLR0913
+                     scheduler: torch.optim.lr_scheduler.LRScheduler, window: list,
+                     max_grad_norm: float, *, mistake: str) -> None:
+    """One usual mistake of 02.3's window step, deliberately wrong, to measure what it does:
+    ``"no zero_grad"``, ``"mean / k"``, ``"no divisor"``, ``"clip every micro-step"`` or
+    ``"no clip"`` (the right step is :func:`_right_window`)."""
+    if mistake != "no zero_grad":
         optimizer.zero_grad()
     items = sum(len(labels) for _, labels in window)
     for inputs, labels in window:
-        if divide == "window":
-            loss = nn.functional.cross_entropy(model(inputs), labels, reduction="sum") / items
-        else:
-            loss = nn.functional.cross_entropy(model(inputs), labels)
-            loss = loss / len(window) if divide == "k" else loss
-        loss.backward()
-        if clip == "every":
+        loss = nn.functional.cross_entropy(model(inputs), labels)  # a micro-batch's mean
+        divisor = {"mean / k": len(window), "no divisor": 1}.get(mistake, items / len(labels))
+        (loss / divisor).backward()
+        if mistake == "clip every micro-step":
             nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    if clip == "once":
+    if mistake not in ("clip every micro-step", "no clip"):
         nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     optimizer.step()
     scheduler.step()
@@ -597,9 +602,26 @@ def _check_step_counts(events: list[str], k: int) -> None:
                 "：应当先更新优化器，再步进调度器")
 
 
+_UNCLIPPED_MISTAKES = {  # what 02.3's usual mistakes do to the update, with clipping idle
+    "no zero_grad": ("your gradient was added to the one .grad already held (an earlier "
+                     "window's): zero the gradients before the first micro-batch",
+                     "你的梯度被加到了 .grad 里原有的梯度（上一个窗口的）上：在第一个微批次之前先"
+                     "把梯度清零"),
+    "mean / k": ("you divided each micro-batch's mean loss by k: exact only on equal "
+                 "micro-batches; divide each summed loss by the window's {items} samples",
+                 "你把每个微批次的平均损失除以了 k：只有微批次大小相等时才精确；应当把每个"
+                 "求和损失除以整个窗口的 {items} 个样本"),
+    "no divisor": ("you added the micro-batches' mean losses without dividing: k means, each "
+                   "already on the large batch's scale",
+                   "你把各微批次的平均损失直接加了起来，没有做除法：k 个均值，每一个本身就已经"
+                   "是大批次损失的量级"),
+}
+
+
 def _window_step(answer: object) -> str:
     """02.3: ``answer(model, optimizer, scheduler, micro_batches, max_grad_norm)`` must take the
-    large batch's step; each usual mistake is recognised by its step counts or its update."""
+    large batch's step; each usual mistake is recognised by its step counts or its update,
+    first with clipping idle, then with clipping that bites."""
     _require(callable(answer), "answer must be a function train_window(model, optimizer, "
                                "scheduler, micro_batches, max_grad_norm)",
              zh="answer 必须是一个函数 train_window(model、optimizer、scheduler、micro_batches、"
@@ -607,59 +629,46 @@ def _window_step(answer: object) -> str:
     k, items = len(_WINDOW_SIZES), sum(_WINDOW_SIZES)
     got, events = _run_window_step(answer, max_grad_norm=1e3)  # a norm no clipping reaches
     _check_step_counts(events, k)
-    truth, _ = _run_window_step(_reference_window, 1e3)
-    if not _same(got, truth):
-        mistakes = {  # what each usual mistake's update is, measured on the same window
-            "zero": (dict(zero=False),
-                     "your gradient was added to the one .grad already held (an earlier "
-                     "window's): zero the gradients before the first micro-batch",
-                     "你的梯度被加到了 .grad 里原有的梯度（上一个窗口的）上：在第一个微批次之前先"
-                     "把梯度清零"),
-            "k": (dict(divide="k"),
-                  "you divided each micro-batch's mean loss by k: exact only on equal "
-                  f"micro-batches; divide each summed loss by the window's {items} samples",
-                  f"你把每个微批次的平均损失除以了 k：只有微批次大小相等时才精确；应当把每个"
-                  f"求和损失除以整个窗口的 {items} 个样本"),
-            "never": (dict(divide="never"),
-                      "you added the micro-batches' mean losses without dividing: k means, each "
-                      "already on the large batch's scale",
-                      "你把各微批次的平均损失直接加了起来，没有做除法：k 个均值，每一个本身就已经"
-                      "是大批次损失的量级"),
-        }
-        for options, hint, hint_zh in mistakes.values():
-            measured, _ = _run_window_step(_reference_window, 1e3, **options)
-            _require(not _same(got, measured), hint, zh=hint_zh)
-        error = ((got - truth).norm() / truth.norm()).item()
-        raise _WrongAnswer(
-            f"your update is {error:.0%} off the large batch's: backward each micro-batch's summed "
-            f"loss divided by the window's {items} samples",
-            zh=f"你的更新与大批次的相差 {error:.0%}：对每个微批次的求和损失除以整个窗口的 "
-               f"{items} 个样本，再调用 backward")
+    _check_update(got, _run_window_step(_right_window, 1e3)[0], 1e3, _UNCLIPPED_MISTAKES)
     norm = torch.stack(_summed_loss_gradients(make_mlp(5, 8, 3, seed=0), _toy_window(seed=5))
                        ).sum(0).norm().item() / items
     clip = norm / 4  # clipping bites: the right step's gradient is cut to a quarter
-    got, _ = _run_window_step(answer, clip)
-    truth, _ = _run_window_step(_reference_window, clip)
-    every, _ = _run_window_step(_reference_window, clip, clip="every")
-    never, _ = _run_window_step(_reference_window, clip, clip="never")
-    _require(not _same(got, every),
-             "you clipped after every micro-batch: each clip cuts a partial sum; clip once, the "
-             "window's whole gradient, after the last backward",
-             zh="你在每个微批次之后都做了裁剪：每次裁剪的都只是部分和；应当在最后一次 backward "
-                "之后，对整个窗口的梯度只裁剪一次")
-    _require(not _same(got, never),
-             "your step did not clip: call clip_grad_norm_ with max_grad_norm once, after the "
-             "last backward and before optimizer.step()",
-             zh="你的这一步没有裁剪：在最后一次 backward 之后、optimizer.step() 之前，用 "
-                "max_grad_norm 调用一次 clip_grad_norm_")
-    error = ((got - truth).norm() / truth.norm()).item()
-    _require(_same(got, truth),
-             f"with clipping your update is {error:.0%} off the large batch's clipped one: clip "
-             "once, after the last backward and before optimizer.step()",
-             zh=f"裁剪时你的更新与大批次裁剪后的更新相差 {error:.0%}：在最后一次 backward 之后、"
-                "optimizer.step() 之前只裁剪一次")
+    _check_update(_run_window_step(answer, clip)[0], _run_window_step(_right_window, clip)[0],
+                  clip, _CLIPPING_MISTAKES)
     return (f"one optimizer step and one scheduler step for a window of {k} uneven "
             f"micro-batches, clipped once: the large batch's update to within 1e-09")
+
+
+_CLIPPING_MISTAKES = {  # what 02.3's clipping mistakes do to the update, with clipping biting
+    "clip every micro-step": ("you clipped after every micro-batch: each clip cuts a partial "
+                              "sum; clip once, the window's whole gradient, after the last "
+                              "backward",
+                              "你在每个微批次之后都做了裁剪：每次裁剪的都只是部分和；应当在最后"
+                              "一次 backward 之后，对整个窗口的梯度只裁剪一次"),
+    "no clip": ("your step did not clip: call clip_grad_norm_ with max_grad_norm once, after "
+                "the last backward and before optimizer.step()",
+                "你的这一步没有裁剪：在最后一次 backward 之后、optimizer.step() 之前，用 "
+                "max_grad_norm 调用一次 clip_grad_norm_"),
+}
+
+
+def _check_update(got: torch.Tensor, truth: torch.Tensor, max_grad_norm: float,
+                  mistakes: Mapping[str, tuple[str, str]]) -> None:
+    """Pass when ``got`` is the right step's update; else name the mistake whose update it is
+    (measured on the same window), or say how far off it is."""
+    if _same(got, truth):
+        return
+    items = sum(_WINDOW_SIZES)
+    for mistake, (hint, hint_zh) in mistakes.items():
+        measured, _ = _run_window_step(_mistaken_window, max_grad_norm, mistake=mistake)
+        _require(not _same(got, measured), hint.format(items=items),
+                 zh=hint_zh.format(items=items))
+    error = ((got - truth).norm() / truth.norm()).item()
+    raise _WrongAnswer(
+        f"your update is {error:.0%} off the large batch's: backward each micro-batch's summed "
+        f"loss divided by the window's {items} samples, clip once, step once",
+        zh=f"你的更新与大批次的相差 {error:.0%}：对每个微批次的求和损失除以整个窗口的 "
+           f"{items} 个样本，再调用 backward；只裁剪一次，只更新一次")
 
 
 # ---- 03: tokens ---------------------------------------------------------------------------
