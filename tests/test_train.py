@@ -214,7 +214,7 @@ def test_a_checkpoint_of_another_k_or_world_size_is_refused_by_name(one_epoch, t
                         [*JOB, "--checkpoint-dir", str(tmp_path), "--resume"])
     started.append(process)
     code, _, err = _finish(process)
-    assert code != 0 and "world size: checkpoint 1, this run 2" in err
+    assert code != 0 and "world size: checkpoint 1, this run 2" in err, err[-4000:]
 
 
 @pytest.mark.parametrize(("argv", "message"), [

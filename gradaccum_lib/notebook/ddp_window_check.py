@@ -29,7 +29,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..distributed import init_distributed
+from ..equivalence import full_batch_gradients
 from ..jobs.agent import run_worker
+from ..losses import sample_classification_loss
 from ..workloads.models import make_mlp
 
 __all__ = []  # a program: run it, import nothing from it
@@ -55,8 +57,8 @@ def _truth(model: nn.Module, windows: dict[int, list]) -> torch.Tensor:
     """The gradient of the mean loss over all ranks' samples of the window (the large batch)."""
     inputs = torch.cat([x for window in windows.values() for x, _ in window])
     labels = torch.cat([y for window in windows.values() for _, y in window])
-    loss = nn.functional.cross_entropy(model(inputs), labels)
-    return torch.cat([g.flatten() for g in torch.autograd.grad(loss, list(model.parameters()))])
+    gradients = full_batch_gradients(model, sample_classification_loss, (inputs, labels))
+    return torch.cat([g.flatten() for g in gradients.values()])
 
 
 def _sync_hook(state, bucket):  # noqa: ANN001, ANN202 - DDP refuses string annotations

@@ -405,7 +405,9 @@ def _window_gradient(answer: object) -> str:
     window, model = _toy_window(seed=3), make_mlp(5, 8, 3, seed=0)
     summed = _summed_loss_gradients(model, window)
     items, k = sum(_WINDOW_SIZES), len(_WINDOW_SIZES)
-    truth = sum(summed) / items
+    large_batch = tuple(torch.cat(parts) for parts in zip(*window, strict=True))
+    truth = torch.cat([g.reshape(-1) for g in full_batch_gradients(
+        model, sample_classification_loss, large_batch).values()])
     means = [g / n for g, n in zip(summed, _WINDOW_SIZES, strict=True)]
     stale = _fill_stale_gradients(model, seed=4)
     answer(model, window)
