@@ -133,13 +133,13 @@ def written_program(notebook: str, name: str) -> str:
     """Return the program that ``notebooks/<notebook>`` writes with ``%%writefile
     ../build/<name>`` (the code the series gives readers to copy), read from the committed
     notebook: a fresh clone has no build/."""
-    import nbformat
-
-    cells = nbformat.read(NOTEBOOKS / notebook, as_version=4).cells
+    # plain JSON, not nbformat: a GPU machine's image may have torch but no Jupyter
+    cells = json.loads((NOTEBOOKS / notebook).read_text(encoding="utf-8"))["cells"]
     header = f"%%writefile ../build/{name}"
     for cell in cells:
-        if cell.cell_type == "code" and cell.source.startswith(header):
-            return cell.source.split("\n", 1)[1] + "\n"
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and source.startswith(header):
+            return source.split("\n", 1)[1] + "\n"
     raise ValueError(f"notebooks/{notebook} has no cell starting with {header!r}")
 
 
