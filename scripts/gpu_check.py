@@ -8,7 +8,7 @@ README-gpu.md (the README's CUDA section and a `gpu` column for README.md's note
 
 1. peak memory of one accumulated AdamW step per k at a fixed effective batch, for the tiny
    BERT and a BERT-base-sized model (hidden 768, 12 layers, 12 heads) at s = 512: the CUDA
-   allocator's peak (``torch.cuda.max_memory_allocated`` via ``memory.cuda_peak_bytes``), its
+   allocator's peak (``torch.cuda.max_memory_allocated`` via ``memory._cuda_peak_bytes``), its
    growth over what was allocated before the step, and the step's tensors counted as on the CPU
    (``memory.tensor_peak_bytes``);
 2. the loop's (``accumulate_window``) fp32, bf16 and fp16 + GradScaler paths against the fp32
@@ -351,13 +351,13 @@ def model_factory(config: Mapping[str, int], length: int,
 def cuda_growth_bytes(step: Callable[[], object]) -> int | None:
     """Return the CUDA allocator's peak during ``step()`` minus what was allocated before it
     (None without CUDA)."""
-    from gradaccum_lib.measure.memory import cuda_peak_bytes
+    from gradaccum_lib.measure.memory import _cuda_peak_bytes
 
     if not torch.cuda.is_available():
         return None
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
-    peak = cuda_peak_bytes(step)
+    peak = _cuda_peak_bytes(step)
     return None if peak is None else peak - before
 
 
@@ -369,10 +369,10 @@ def peak_memory_rows(name: str, make_model: Callable[[], torch.nn.Module], batch
     from gradaccum_lib import split_into_micro_batches
     from gradaccum_lib.batches import batch_size
     from gradaccum_lib.losses import bert_classification_loss
-    from gradaccum_lib.measure.memory import activation_bytes, cuda_peak_bytes, tensor_peak_bytes
+    from gradaccum_lib.measure.memory import _cuda_peak_bytes, activation_bytes, tensor_peak_bytes
 
     run = benchmarks_run()
-    measures = {"cuda_peak_bytes": cuda_peak_bytes, "cuda_growth_bytes": cuda_growth_bytes,
+    measures = {"cuda_peak_bytes": _cuda_peak_bytes, "cuda_growth_bytes": cuda_growth_bytes,
                 "tensor_peak_bytes": tensor_peak_bytes}
     rows = []
     for k in ks:  # nothing else of ours on the device meanwhile: the allocator's peak is the step's

@@ -488,7 +488,7 @@ CASES = [
         r"tensors must be an iterable of Tensors .* got Tensor"),
     row("tensor-bytes-item", lambda tmp: memory._tensor_bytes([torch.zeros(3), 4]), T,
         r"tensors\[1\] must be a Tensor; got int"),
-    row("cuda-peak-step-not-callable", lambda tmp: memory.cuda_peak_bytes(3), T,
+    row("cuda-peak-step-not-callable", lambda tmp: memory._cuda_peak_bytes(3), T,
         r"step must be a callable taking no argument; got int"),
     # ---- planning (one device) and cluster
     row("step-time-negative", lambda tmp: planning.StepTimeModel(-1.0, 0.0), V,

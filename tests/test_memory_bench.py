@@ -10,8 +10,8 @@ from gradaccum_lib import split_into_micro_batches
 from gradaccum_lib.losses import sample_classification_loss
 from gradaccum_lib.measure.bench import Timing, _steady_allocator, paired_ratio, time_interleaved
 from gradaccum_lib.measure.memory import (
+    _cuda_peak_bytes,
     activation_bytes,
-    cuda_peak_bytes,
     memory_budget,
     static_bytes,
 )
@@ -123,7 +123,7 @@ def test_memory_budget_rejects_bad_input(kwargs, message):
 def test_cuda_peak_bytes_is_none_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    assert cuda_peak_bytes(lambda: None) is None
+    assert _cuda_peak_bytes(lambda: None) is None
 
 
 def test_time_interleaved_rotates_order_and_reports_medians():

@@ -9,7 +9,7 @@
 - :func:`memory_budget` is the model: parameters + gradients + optimizer state (+ fp32 master
   weights in mixed precision) (+ DDP's bucket copy of the gradients) + the activations of ONE
   micro-batch. Accumulation shrinks only the last term.
-- :func:`cuda_peak_bytes` reports the CUDA allocator's peak for a step, when on a GPU.
+- :func:`_cuda_peak_bytes` reports the CUDA allocator's peak for a step, when on a GPU.
 - :func:`tensor_peak_bytes` reports, on any device, the peak bytes of the tensors a step
   allocates and holds at once, counted exactly from the operators' outputs (a
   ``TorchDispatchMode``): the same number on every run, unlike a process's resident memory,
@@ -39,7 +39,6 @@ from ..runtime import check_bool, check_choice, check_number, check_positive_int
 
 __all__ = [
     "activation_bytes",
-    "cuda_peak_bytes",
     "memory_budget",
     "MemoryBreakdown",
     "Optimizer",
@@ -219,7 +218,7 @@ def memory_budget(
     )
 
 
-def cuda_peak_bytes(step: Callable[[], object], device: torch.device | str = "cuda") -> int | None:
+def _cuda_peak_bytes(step: Callable[[], object], device: torch.device | str = "cuda") -> int | None:
     """Return the CUDA allocator's peak bytes while ``step()`` runs (None without CUDA)."""
     if not callable(step):
         raise TypeError(f"step must be a callable taking no argument; got {type(step).__name__}")
