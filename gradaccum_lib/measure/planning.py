@@ -3,8 +3,8 @@ cluster.
 
 - :class:`StepTimeModel` / :func:`fit_step_time`: a window's time from measured micro-step times;
 - :class:`DdpStepModel` / :func:`fit_ddp_step_model`: a DDP step with one sync per window or
-  one per micro-step, fitted to the medians of step times measured interleaved (notebook 05's
-  ``step_times.py``);
+  one per micro-step, fitted to the medians of step times measured interleaved (notebook 06 §5 runs
+  ``scripts/beyond_step_times.py``);
 - :func:`plan_accumulation`, :func:`max_micro_batch_size`, :func:`accumulation_steps_for`:
   choosing the micro-batch and k on one device;
 - :class:`_TransformerActivations` / :func:`_fit_transformer_activations`: activation bytes as a
@@ -191,7 +191,7 @@ def fit_ddp_step_model(
     every_seconds: Sequence[float],
 ) -> DdpStepModel:
     """Return the :class:`DdpStepModel` (every term >= 0) closest to measured step times
-    (e.g. medians from notebook 05's ``step_times.py``) with one sync per
+    (e.g. medians from ``scripts/beyond_step_times.py``, notebook 06) with one sync per
     window (``k c + m + o``) and one per micro-step (``k c + k m + o``), in relative terms:
     least squares of
     ``(model - measured) / measured``, so that short and long steps weigh alike.
