@@ -397,6 +397,27 @@ def _parallel(a: torch.Tensor, b: torch.Tensor) -> bool:
     return nn.functional.cosine_similarity(a, b, dim=0).item() > 1 - 1e-9
 
 
+def _large_batch_gradient(model: nn.Module, window: list) -> torch.Tensor:
+    """The gradient of the mean cross-entropy over every sample of ``window``, flattened: the
+    library's ground truth (:func:`full_batch_gradients`) on the window's micro-batches joined."""
+    batch = tuple(torch.cat(parts) for parts in zip(*window, strict=True))
+    return torch.cat([g.reshape(-1) for g in full_batch_gradients(
+        model, sample_classification_loss, batch).values()])
+
+
+def _raise_off_the_large_batch(got: torch.Tensor, truth: torch.Tensor, what: str, what_zh: str,
+                               items: int, *, clip_and_step: bool = False) -> None:
+    """The hint when no known mistake explains the answer: how far off it is, and the recipe."""
+    error = ((got - truth).norm() / truth.norm()).item()
+    steps, steps_zh = ((", clip once, step once", "；只裁剪一次，只更新一次") if clip_and_step
+                       else ("", ""))
+    raise _WrongAnswer(
+        f"your {what} is {error:.0%} off the large batch's: backward each micro-batch's summed "
+        f"loss divided by the window's {items} samples{steps}",
+        zh=f"你的{what_zh}与大批次的{what_zh}相差 {error:.0%}：对每个微批次的求和损失除以整个"
+           f"窗口的 {items} 个样本，再调用 backward{steps_zh}")
+
+
 def _window_gradient(answer: object) -> str:
     """01.3: ``answer(model, micro_batches)`` must leave in ``.grad`` the gradient of the mean
     cross-entropy over the window; each usual mistake is recognised by what it leaves there."""
@@ -405,9 +426,7 @@ def _window_gradient(answer: object) -> str:
     window, model = _toy_window(seed=3), make_mlp(5, 8, 3, seed=0)
     summed = _summed_loss_gradients(model, window)
     items, k = sum(_WINDOW_SIZES), len(_WINDOW_SIZES)
-    large_batch = tuple(torch.cat(parts) for parts in zip(*window, strict=True))
-    truth = torch.cat([g.reshape(-1) for g in full_batch_gradients(
-        model, sample_classification_loss, large_batch).values()])
+    truth = _large_batch_gradient(model, window)
     means = [g / n for g, n in zip(summed, _WINDOW_SIZES, strict=True)]
     stale = _fill_stale_gradients(model, seed=4)
     answer(model, window)
@@ -453,12 +472,7 @@ def _window_gradient(answer: object) -> str:
              f"the summed losses by the window's {items} samples, once",
              zh=f"你的梯度方向对了，但大小是大批次梯度的 {ratio:.3g} 倍：把求和损失除以整个窗口"
                 f"的 {items} 个样本，只除这一次")
-    error = ((got - truth).norm() / truth.norm()).item()
-    raise _WrongAnswer(
-        f"your gradient is {error:.0%} off the large batch's: backward each micro-batch's summed "
-        f"loss divided by the window's {items} samples",
-        zh=f"你的梯度与大批次梯度相差 {error:.0%}：对每个微批次的求和损失除以整个窗口的 "
-           f"{items} 个样本，再调用 backward")
+    _raise_off_the_large_batch(got, truth, "gradient", "梯度", items)
 
 
 # ---- 02: one device -----------------------------------------------------------------------
@@ -665,12 +679,7 @@ def _check_update(got: torch.Tensor, truth: torch.Tensor, max_grad_norm: float,
         measured, _ = _run_window_step(_mistaken_window, max_grad_norm, mistake=mistake)
         _require(not _same(got, measured), hint.format(items=items),
                  zh=hint_zh.format(items=items))
-    error = ((got - truth).norm() / truth.norm()).item()
-    raise _WrongAnswer(
-        f"your update is {error:.0%} off the large batch's: backward each micro-batch's summed "
-        f"loss divided by the window's {items} samples, clip once, step once",
-        zh=f"你的更新与大批次的相差 {error:.0%}：对每个微批次的求和损失除以整个窗口的 "
-           f"{items} 个样本，再调用 backward；只裁剪一次，只更新一次")
+    _raise_off_the_large_batch(got, truth, "update", "更新", items, clip_and_step=True)
 
 
 # ---- 03: tokens ---------------------------------------------------------------------------
