@@ -33,9 +33,10 @@ from gradaccum_lib.jobs.checkpoints import CheckpointError, read_checkpoint, wri
 from gradaccum_lib.losses import sample_classification_loss as LOSS
 from gradaccum_lib.measure import memory, metrics, noise, planning
 from gradaccum_lib.notebook import widgets
-from gradaccum_lib.workloads import data, emr_corpus, models
+from gradaccum_lib.workloads import data, models
 
 parse_arguments = load_script("scripts/ddp.py").parse_arguments  # the DDP program's
+make_emr_corpus = load_script("scripts/make_emr_corpus.py")
 
 INPUTS, LABELS = data.make_toy_classification(8, 6, 3, seed=0)
 BATCH = (INPUTS, LABELS)
@@ -45,7 +46,7 @@ STEP_TIME = planning.StepTimeModel(0.002, 0.0001)
 ACTIVATIONS = planning._TransformerActivations(100.0, 8.0, 50.0, 30.0, 2.0)
 SHAPE = planning.TransformerShape(1000, 100, ACTIVATIONS)
 DDP_MODEL = planning.DdpStepModel(0.01, 0.005)
-RECORD = {"id": "x", "text": "主诉：头痛1天。", "label": 0, "diagnosis": emr_corpus.LABELS[0]}
+RECORD = {"id": "x", "text": "主诉：头痛1天。", "label": 0, "diagnosis": data.LABELS[0]}
 MASK_BATCH = {"input_ids": torch.tensor([[2, 7, 8, 3]]), "attention_mask": torch.ones(1, 4)}
 DDP_REQUIRED = ["--accumulation-steps", "2", "--micro-batch-size", "4", "--steps", "2",
                 "--json", "out.json"]
@@ -677,13 +678,13 @@ CASES = [
     row("figure-png-none", lambda tmp: widgets._figure_png(None), T,
         r"figure must be a Figure .* got NoneType"),
     # ---- the EMR corpus command and the DDP program's command line (stderr is checked)
-    row("corpus-command-foreign-files", lambda tmp: emr_corpus.main(
+    row("corpus-command-foreign-files", lambda tmp: make_emr_corpus.main(
         _corpus_dir_with_other_files(tmp)), SystemExit,
         r"holds files that are not the corpus \(notes\.txt\).* pass --force"),
-    row("corpus-command-users-readme", lambda tmp: emr_corpus.main(
+    row("corpus-command-users-readme", lambda tmp: make_emr_corpus.main(
         [str(_folder_with(tmp, "README.md", "# My project\n"))]), SystemExit,
         r"holds files that are not the corpus \(README\.md\).* pass --force"),
-    row("corpus-command-file", lambda tmp: emr_corpus.main([str(_vocab(tmp, GOOD_VOCAB))]),
+    row("corpus-command-file", lambda tmp: make_emr_corpus.main([str(_vocab(tmp, GOOD_VOCAB))]),
         SystemExit, r"vocab\.txt exists and is not a directory"),
     row("ddp-k-0", lambda tmp: parse_arguments(
         DDP_REQUIRED[:1] + ["0"] + DDP_REQUIRED[2:]), SystemExit,

@@ -6,22 +6,21 @@ import pytest
 import torch
 
 from gradaccum_lib.losses import bert_classification_loss, bert_masked_lm_loss
+from gradaccum_lib.workloads.data import _DATA_DIR as DATA_DIR
 from gradaccum_lib.workloads.data import (
+    LABELS,
+    corpus_statistics,
     encode_records,
     load_emr_split,
     load_tokenizer,
     mask_tokens,
 )
-from gradaccum_lib.workloads.emr_corpus import (
-    _DIAGNOSES,
-    DATA_DIR,
-    LABELS,
-    _build_vocabulary,
-    _generate_emr_corpus,
-    _write_emr_corpus,
-    corpus_statistics,
-)
 from gradaccum_lib.workloads.models import make_tiny_bert, make_tiny_causal_lm
+from script_loader import load_script
+
+corpus = load_script("scripts/make_emr_corpus.py")  # how data/ was written
+_DIAGNOSES, _build_vocabulary = corpus._DIAGNOSES, corpus._build_vocabulary
+_generate_emr_corpus, _write_emr_corpus = corpus._generate_emr_corpus, corpus._write_emr_corpus
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +46,7 @@ def test_corpus_distributions_imbalance_lengths_sections_negations():
     assert sum("否认" in t for t in texts) > 500 and sum("无" in t for t in texts) > 1000
     assert all(r["diagnosis"] == LABELS[r["label"]] for r in records)
     assert len(_DIAGNOSES) == 10
+    assert tuple(entry[0] for entry in _DIAGNOSES) == LABELS  # the package reads labels by index
 
 
 def test_shipped_data_is_exactly_what_the_generator_writes(tmp_path):

@@ -202,7 +202,7 @@ def test_the_ddp_step_figure_is_one_panel_of_the_accumulation_plan_figure():
 
 @pytest.mark.parametrize("module", [
     "measure.bench", "measure.comm", "measure.memory", "measure.metrics", "measure.noise",
-    "measure.planning", "workloads.data", "workloads.emr_corpus", "workloads.models",
+    "measure.planning", "workloads.data", "workloads.models",
 ])
 def test_a_wing_module_exports_only_what_it_defines(module):
     # one import path per name: planning once re-exported cluster's planners, and data the

@@ -233,8 +233,8 @@ def test_bad_flags_get_an_argparse_error(argv, message, capsys):
 
 
 def test_datasheet_token_lengths_match_the_shipped_tokenizer():
+    from gradaccum_lib.workloads.data import _DATA_DIR as DATA_DIR
     from gradaccum_lib.workloads.data import load_emr_split, load_tokenizer
-    from gradaccum_lib.workloads.emr_corpus import DATA_DIR
 
     tokenizer = load_tokenizer()
     lengths = [len(tokenizer(record["text"])["input_ids"]) for split in

@@ -56,8 +56,7 @@ from ..losses import bert_classification_loss
 from ..measure.comm import CommCounter
 from ..measure.metrics import classification_scores, predict_classes
 from ..runtime import get_profile, set_seed
-from ..workloads.data import encode_records, load_emr_split, load_tokenizer
-from ..workloads.emr_corpus import LABELS
+from ..workloads.data import LABELS, encode_records, load_emr_split, load_tokenizer
 from ..workloads.models import make_tiny_bert
 from .agent import run_worker
 from .checkpoints import (

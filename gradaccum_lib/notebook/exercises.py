@@ -849,9 +849,14 @@ def _ddp_window_target(answer: object) -> str:
     return f"{path.resolve()}::{name}"
 
 
+#: the program exercise 05.3 runs under torchrun: the repository's scripts/ (a source checkout,
+#: as the README sets up)
+_DDP_WINDOW_CHECK = Path(__file__).resolve().parents[2] / "scripts" / "ddp_window_check.py"
+
+
 def _measure_ddp_windows(*answers: object) -> list[dict]:
     """Run each window under torchrun on 2 gloo ranks (one launch for those not measured yet;
-    :mod:`~gradaccum_lib.notebook.ddp_window_check`) and return what was measured."""
+    ``scripts/ddp_window_check.py``) and return what was measured."""
     from ..jobs.launch import LaunchError, LaunchTimeout, launch
 
     targets = [_ddp_window_target(answer) for answer in answers]
@@ -860,7 +865,7 @@ def _measure_ddp_windows(*answers: object) -> list[dict]:
     missing = [target for target in targets if keys[target] not in _DDP_WINDOW_RUNS]
     if missing:
         try:
-            runs = launch("gradaccum_lib.notebook.ddp_window_check", missing,
+            runs = launch(str(_DDP_WINDOW_CHECK), missing,
                           nproc_per_node=2, timeout_seconds=180)
         except LaunchTimeout:
             raise _WrongAnswer(

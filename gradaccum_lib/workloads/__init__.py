@@ -1,3 +1,3 @@
-"""What the series trains on: toy sets and the shipped EMR corpus with its tokenizer
-(``data``), the corpus generator and datasheet (``emr_corpus``, ``python -m``), and model
-builders from configs (``models``)."""
+"""What the series trains on: toy sets and the shipped EMR corpus with its labels and
+tokenizer (``data``; ``scripts/make_emr_corpus.py`` wrote the corpus), and model builders from
+configs (``models``)."""

@@ -1,6 +1,7 @@
-"""Data for the series: loading the shipped EMR corpus, the tokenizer over ``data/vocab.txt``,
-encoding and masking, small synthetic sets for the math notebooks, and padding the Chinese
-labels to a display width for a table.
+"""Data for the series: the shipped EMR corpus (its labels, loading, statistics; written by
+``scripts/make_emr_corpus.py``), the tokenizer over ``data/vocab.txt``, encoding and
+masking, small synthetic sets for the math notebooks, and padding the Chinese labels to a
+display width for a table.
 
 Everything random is generated from an explicit seed through a private ``torch.Generator``,
 so the global random state is never touched.
@@ -18,15 +19,16 @@ import torch
 from torch import Tensor
 
 from ..runtime import check_bool, check_int, check_number, check_positive_int, check_seed, is_int
-from .emr_corpus import DATA_DIR, LABELS, SPECIAL_TOKENS, SPLITS
 
 if TYPE_CHECKING:  # transformers is imported only where a tokenizer is built
     from transformers import PreTrainedTokenizerBase
 
 
 __all__ = [
+    "corpus_statistics",
     "encode_records",
     "IGNORE_INDEX",
+    "LABELS",
     "load_emr_split",
     "load_tokenizer",
     "make_toy_classification",
@@ -34,6 +36,17 @@ __all__ = [
     "mask_tokens",
 ]
 
+
+#: the corpus's diagnoses: a record's ``label`` indexes them (scripts/make_emr_corpus.py
+#: generates its notes from the same table, in this order)
+LABELS: tuple[str, ...] = (
+    "高血压", "2型糖尿病", "社区获得性肺炎", "冠心病", "慢性胃炎", "脑梗死", "慢性阻塞性肺疾病",
+    "急性阑尾炎", "慢性心力衰竭", "泌尿系感染",
+)
+_SPLITS = ("train", "validation", "test")
+_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+_DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+_REGENERATE = "regenerate it with `python scripts/make_emr_corpus.py`"
 
 _PAD_ID = 0  # input id of padding tokens
 
@@ -141,21 +154,20 @@ def _directory(directory: object) -> Path:
     return path
 
 
-def load_emr_split(split: str, directory: str | Path = DATA_DIR) -> list[dict[str, object]]:
+def load_emr_split(split: str, directory: str | Path = _DATA_DIR) -> list[dict[str, object]]:
     """Return the records of one shipped split: ``train``, ``validation`` or ``test``.
 
     Blank lines are skipped; anything else that is not a record (a JSON object with a str
     ``text`` and an int ``label`` in [0, len(LABELS))) is refused naming the file and its
-    1-based line. ``directory`` is a corpus written by ``python -m
-    gradaccum_lib.workloads.emr_corpus DIRECTORY`` (the tests read damaged copies there).
+    1-based line. ``directory`` is a corpus written by ``python scripts/make_emr_corpus.py
+    DIRECTORY`` (the tests read damaged copies there).
     """
-    if not isinstance(split, str) or split not in SPLITS:
-        raise ValueError(f"split must be one of {list(SPLITS)}; got {split!r}")
+    if not isinstance(split, str) or split not in _SPLITS:
+        raise ValueError(f"split must be one of {list(_SPLITS)}; got {split!r}")
     path = _directory(directory) / f"emr_{split}.jsonl"
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path} is missing; regenerate it with `python -m gradaccum_lib.workloads.emr_corpus`"
-        )
+            f"{path} is missing; {_REGENERATE}")
     records = []
     with path.open("rb") as lines:
         for number, raw in enumerate(lines, start=1):
@@ -174,9 +186,30 @@ def load_emr_split(split: str, directory: str | Path = DATA_DIR) -> list[dict[st
                                  f"{error.colno})") from None
             records.append(dict(_check_record(record, where)))
     if not records:
-        raise ValueError(f"{path} holds no records; regenerate it with "
-                         "`python -m gradaccum_lib.workloads.emr_corpus`")
+        raise ValueError(f"{path} holds no records; {_REGENERATE}")
     return records
+
+
+def corpus_statistics(records: Sequence[Mapping[str, object]]) -> dict[str, object]:
+    """Return counts per diagnosis and character-length quantiles of ``records``."""
+    if not records:
+        raise ValueError("records is empty")
+    lengths = sorted(len(str(r["text"])) for r in records)
+
+    def quantile(q: float) -> int:
+        return lengths[min(len(lengths) - 1, int(q * len(lengths)))]
+
+    counts = {label: 0 for label in LABELS}
+    for record in records:
+        counts[str(record["diagnosis"])] += 1
+    return {
+        "records": len(records),
+        "label_counts": counts,
+        "length_min": lengths[0],
+        "length_median": quantile(0.5),
+        "length_p90": quantile(0.9),
+        "length_max": lengths[-1],
+    }
 
 
 def _check_vocabulary(path: Path) -> None:
@@ -188,10 +221,10 @@ def _check_vocabulary(path: Path) -> None:
         raise ValueError(f"vocabulary {path} is not UTF-8 ({error.reason})") from None
     if tokens and tokens[-1] == "":
         tokens.pop()  # the newline that ends the last line
-    missing = [token for token in SPECIAL_TOKENS if token not in tokens]
+    missing = [token for token in _SPECIAL_TOKENS if token not in tokens]
     if missing:
         raise ValueError(f"vocabulary {path} lacks the special tokens {missing}; it needs "
-                         f"{list(SPECIAL_TOKENS)}, one per line, [PAD] on the first line")
+                         f"{list(_SPECIAL_TOKENS)}, one per line, [PAD] on the first line")
     if tokens[_PAD_ID] != "[PAD]":
         raise ValueError(f"vocabulary {path}: line 1 must be [PAD] (id {_PAD_ID} is padding "
                          f"everywhere); got {tokens[0]!r}")
@@ -205,7 +238,7 @@ def _check_vocabulary(path: Path) -> None:
         seen[token] = number
 
 
-def load_tokenizer(vocab_path: str | Path = DATA_DIR / "vocab.txt") -> PreTrainedTokenizerBase:
+def load_tokenizer(vocab_path: str | Path = _DATA_DIR / "vocab.txt") -> PreTrainedTokenizerBase:
     """Return a BERT tokenizer over the shipped character vocabulary (no download).
 
     transformers 5 pitfall: ``BertTokenizerFast(vocab_file=...)`` silently maps every character
