@@ -23,10 +23,13 @@ pinned torch). Rank 0 writes JSON.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import time
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -69,28 +72,50 @@ def _held_after(model: nn.Module, window: list, read: Callable[[], object], micr
     return held[0]
 
 
+def _settled_cuda_bytes(device: torch.device) -> int:
+    """Return the CUDA allocator's allocated bytes once the previous measurement's tensors are
+    gone: its cyclic garbage collected, and the bucket its last all-reduce handed to NCCL
+    released (it was still allocated after garbage collection and freed during the next
+    wrap: read before that, a default-versus-views difference came out 0 or 3 copies instead
+    of 1 on an H200)."""
+    gc.collect()
+    dist.barrier()
+    torch.cuda.synchronize(device)
+    allocated = torch.cuda.memory_allocated(device)
+    for _ in range(40):  # at most 2 s: until two readings 50 ms apart agree
+        time.sleep(0.05)
+        now = torch.cuda.memory_allocated(device)
+        if now == allocated:
+            break
+        allocated = now
+    return allocated
+
+
 def _ddp_held_bytes(input_dim: int, hidden_dim: int, window: list, device: torch.device, *,
                    gradient_as_bucket_view: bool) -> dict[str, int | None]:
     """Return the tensor bytes held after the last backward of one window on a model
     wrapped in DDP (counted from the wrap on: buckets, gradients, what else is alive), the
-    model's gradient bytes, and on CUDA the allocator's held and peak bytes over the same span
-    (None on a CPU)."""
+    model's gradient bytes, and on CUDA the allocator's bytes over the same span: held after
+    the last backward, at the wrap (the buckets), and peak (None on a CPU)."""
+    cuda = device.type == "cuda"
     model = make_mlp(input_dim, hidden_dim, 4, dtype=torch.float32).to(device)
     gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    cuda = device.type == "cuda"
+    allocated = _settled_cuda_bytes(device) if cuda else 0
     if cuda:
-        torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-    allocated = torch.cuda.memory_allocated(device) if cuda else 0
+
+    def cuda_bytes() -> int | None:
+        return torch.cuda.memory_allocated(device) - allocated if cuda else None
 
     def read() -> tuple[int, int | None]:
-        return counted.live, torch.cuda.memory_allocated(device) - allocated if cuda else None
+        return counted.live, cuda_bytes()
 
     with _counting_tensor_bytes() as counted:
         wrapped = DistributedDataParallel(model, gradient_as_bucket_view=gradient_as_bucket_view)
+        cuda_wrap = cuda_bytes()
         held, cuda_held = _held_after(wrapped, window, read, micro_step=len(window) - 1)
     return {"k": len(window), "held_bytes": held, "gradient_bytes": gradient_bytes,
-            "cuda_held_bytes": cuda_held,
+            "cuda_held_bytes": cuda_held, "cuda_wrap_bytes": cuda_wrap,
             "cuda_peak_bytes": torch.cuda.max_memory_allocated(device) - allocated if cuda
             else None}
 
