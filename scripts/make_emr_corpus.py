@@ -94,14 +94,13 @@ _DIAGNOSES: tuple[tuple[str, float, tuple[str, ...], tuple[str, ...], tuple[str,
 )
 
 
-if tuple(entry[0] for entry in _DIAGNOSES) != LABELS:
-    raise RuntimeError("the diagnoses above and gradaccum_lib.workloads.data.LABELS differ: the "
-                       "package reads labels by index, so keep them the same, in the same order")
-
 SPLITS: dict[str, tuple[int, int]] = {  # split: (notes, seed)
     "train": (2000, 11), "validation": (300, 12), "test": (300, 13),
 }
-assert tuple(SPLITS) == _SPLITS, "the splits the package reads"
+if tuple(entry[0] for entry in _DIAGNOSES) != LABELS or tuple(SPLITS) != _SPLITS:
+    raise RuntimeError("the diagnoses or splits above differ from gradaccum_lib.workloads.data's "
+                       "LABELS and splits, which the package reads (labels by index): keep them "
+                       "the same, in the same order")
 
 _SHARED_NOISE = ("睡眠欠佳", "精神可", "饮食尚可", "大小便正常", "体重无明显变化", "精神差")
 

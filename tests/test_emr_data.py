@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from script_loader import load_script
 
 from gradaccum_lib.losses import bert_classification_loss, bert_masked_lm_loss
 from gradaccum_lib.workloads.data import _DATA_DIR as DATA_DIR
@@ -16,7 +17,6 @@ from gradaccum_lib.workloads.data import (
     mask_tokens,
 )
 from gradaccum_lib.workloads.models import make_tiny_bert, make_tiny_causal_lm
-from script_loader import load_script
 
 corpus = load_script("scripts/make_emr_corpus.py")  # how data/ was written
 _DIAGNOSES, _build_vocabulary = corpus._DIAGNOSES, corpus._build_vocabulary

@@ -166,8 +166,7 @@ def load_emr_split(split: str, directory: str | Path = _DATA_DIR) -> list[dict[s
         raise ValueError(f"split must be one of {list(_SPLITS)}; got {split!r}")
     path = _directory(directory) / f"emr_{split}.jsonl"
     if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} is missing; {_REGENERATE}")
+        raise FileNotFoundError(f"{path} is missing; {_REGENERATE}")
     records = []
     with path.open("rb") as lines:
         for number, raw in enumerate(lines, start=1):
