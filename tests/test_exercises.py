@@ -483,3 +483,12 @@ def test_every_solutions_check_line_is_said_in_chinese_in_the_twin_with_its_numb
             words = re.findall(r"[A-Za-z]{3,}", said)  # names and units may stay: no sentence
             assert set(words) <= {"bert", "base", "chinese", "token", "Trainer", "SGD",
                                   "Accelerate", "DDP", "GPU", "epoch"}, (exercise_id, words)
+
+
+def test_the_mistaken_window_refuses_a_name_that_would_make_it_the_right_loop():
+    """02.3's deliberately wrong loops run only as a named mistake: an unknown name would run
+    a correct copy of the loop, which the library writes once (accumulate_window)."""
+    from gradaccum_lib.notebook import exercises
+
+    with pytest.raises(ValueError, match="mistake must be one of 02.3's usual mistakes"):
+        exercises._run_window_step(exercises._mistaken_window, 1.0, mistake="typo")

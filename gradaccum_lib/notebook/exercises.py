@@ -567,6 +567,8 @@ def _mistaken_window(model: nn.Module, optimizer: torch.optim.Optimizer,  # noqa
     """One usual mistake of 02.3's window step, deliberately wrong, to measure what it does:
     ``"no zero_grad"``, ``"mean / k"``, ``"no divisor"``, ``"clip every micro-step"`` or
     ``"no clip"`` (the right step is :func:`_right_window`)."""
+    if mistake not in (*_UNCLIPPED_MISTAKES, *_CLIPPING_MISTAKES):  # else it is the right loop
+        raise ValueError(f"mistake must be one of 02.3's usual mistakes; got {mistake!r}")
     if mistake != "no zero_grad":
         optimizer.zero_grad()
     items = sum(len(labels) for _, labels in window)
