@@ -43,11 +43,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from gradaccum_course.agent import run_worker
+from gradaccum_course.audits.frameworks import _bare_loop
 from gradaccum_lib import split_into_micro_batches
 from gradaccum_lib.accumulation import accumulate_window
-from gradaccum_lib.audits.frameworks import _bare_loop
 from gradaccum_lib.distributed import init_distributed, process_group_session
-from gradaccum_lib.jobs.agent import run_worker
 from gradaccum_lib.losses import sample_classification_loss
 from gradaccum_lib.measure.bench import Timing, _steady_allocator, paired_ratio, time_interleaved
 from gradaccum_lib.workloads.data import make_toy_classification

@@ -31,11 +31,11 @@ import torch
 from matplotlib.figure import Figure
 from torch import nn
 
+from gradaccum_course.audits.frameworks import _accelerate_loop, _bare_loop
+from gradaccum_course.launch import launch
 from gradaccum_lib import split_into_micro_batches
 from gradaccum_lib.accumulation import accumulate_window
-from gradaccum_lib.audits.frameworks import _accelerate_loop, _bare_loop
 from gradaccum_lib.batches import Batch, LossFn, batch_size
-from gradaccum_lib.jobs.launch import launch
 from gradaccum_lib.losses import bert_classification_loss, sample_classification_loss
 from gradaccum_lib.measure.bench import Timing, _steady_allocator, paired_ratio, time_interleaved
 from gradaccum_lib.measure.memory import activation_bytes, tensor_peak_bytes

@@ -3,9 +3,9 @@ group (gloo on CPU, nccl on CUDA) and leave it cleanly. How the loop skips DDP's
 sync on a window's inner micro-steps is the loop's own (:mod:`gradaccum_lib.accumulation`).
 
 ``torchrun`` starts the processes; :func:`init_distributed` meets the other ranks through
-torchrun's store, or through the file that :func:`gradaccum_lib.jobs.launch.launch` names in
+torchrun's store, or through the file that :func:`gradaccum_course.launch.launch` names in
 :data:`STORE_FILE_VARIABLE` (no TCP store listening on every interface). A worker's entry
-point, which makes it die with its agent, is :func:`gradaccum_lib.jobs.agent.run_worker`.
+point, which makes it die with its agent, is :func:`gradaccum_course.agent.run_worker`.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ outputs.
 
 Links stay inside the folder, so that it can be published as it is: a notebook's link to
 another notebook or to a solution goes to its page; a link to any other file of the repository
-(``../scripts/ddp.py``) goes to a page holding a copy of its text,
+(``../gradaccum_course/programs/ddp.py``) goes to a page holding a copy of its text,
 ``source/<path>.html``; a link to what is not a file of the repository stops the build.
 Emoji that a browser without an emoji font draws as a box become words (site_pages.EMOJI_TEXT).
 

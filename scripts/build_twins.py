@@ -272,9 +272,9 @@ CORRECT = re.compile(r"^✓ Exercise [\w.]+: correct\. (.*)$")
 
 def localize_feedback(cell: dict) -> None:
     """Give, in place, an exercise checker cell the output a kernel of the Chinese edition
-    prints (gradaccum_lib.notebook.exercises._language() is "zh" there): all in Chinese, what
+    prints (gradaccum_course.exercises._language() is "zh" there): all in Chinese, what
     the checker computed included, with its numbers."""
-    from gradaccum_lib.notebook import exercises
+    from gradaccum_course import exercises
 
     found = CHECKER_CELL.match("".join(cell["source"]).strip())
     if not found:

@@ -21,9 +21,9 @@ README-gpu.md (the README's CUDA section and a `gpu` column for README.md's note
 5. the code readers copy, under nccl (one process per GPU, at most 4): 09's card program
    (``accumulate_window``: the large batch's step to 1e-12 in float64; in fp16 with a
    GradScaler: within 1% of the fp32 update) and 05's plain DDP loop against
-   ``accumulate_window``'s run (``scripts/ddp.py``, the same samples and split: 1e-12), each
+   ``accumulate_window``'s run (``gradaccum_course/programs/ddp.py``, the same samples and split: 1e-12), each
    launched as the notebooks launch them;
-6. DDP's own gradient memory per k (``scripts/memory_probe.py``): bytes held after a
+6. DDP's own gradient memory per k (``gradaccum_course/programs/memory_probe.py``): bytes held after a
    window's last backward with DDP's default and with ``gradient_as_bucket_view=True``,
    counted and by the CUDA allocator, against the budget model's bucket copy
    (``memory_budget(..., ddp_bucket_copy=True)``);
@@ -61,7 +61,6 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
 NOTEBOOKS = ROOT / "notebooks"
-SCRIPTS = ROOT / "scripts"
 NO_CUDA_EXIT = 2  # the exit status without a CUDA device
 FAILED_EXIT = 1  # the exit status when a precision check is outside its tolerance
 GPU_START, GPU_END = "<!-- gpu-cuda-section:start -->", "<!-- gpu-cuda-section:end -->"
@@ -154,8 +153,8 @@ def reader_code_checks(world_size: int, device: torch.device) -> tuple[dict, lis
     """Run 09's card program and 05's plain DDP loop as the notebooks write them, under
     torchrun with ``world_size`` processes (nccl on GPUs, gloo on a CPU), against the truth;
     return the measured differences and a message per failure."""
+    from gradaccum_course.launch import launch
     from gradaccum_lib.accumulation import accumulate_window
-    from gradaccum_lib.jobs.launch import launch
     from gradaccum_lib.losses import sample_classification_loss
     from gradaccum_lib.workloads.data import make_toy_classification
     from gradaccum_lib.workloads.models import make_mlp
@@ -171,7 +170,7 @@ def reader_code_checks(world_size: int, device: torch.device) -> tuple[dict, lis
         k = 4 // world_size  # 05's splits: 4 x 1, 2 x 2, 1 x 4 (micro-batch 2, 28 samples)
         plain_run = launch(str(plain), ["ddp", str(k)], nproc_per_node=world_size,
                            timeout_seconds=300)
-    loop_run = launch(str(SCRIPTS / "ddp.py"), [
+    loop_run = launch("gradaccum_course.programs.ddp", [
         "--task", "tokens", "--micro-batch-size", "2", "--samples", "28", "--steps", "8",
         "--steps-per-epoch", "4", "--optimizer", "adamw", "--lr", "0.01", "--dump-parameters",
         "--accumulation-steps", str(k), "--wrap", "ddp"], nproc_per_node=world_size,
@@ -221,12 +220,12 @@ def ddp_memory_checks(rehearsal: bool) -> tuple[list[dict], list[str]]:
     """Measure DDP's gradient bytes both ways per k on one process (nccl on a GPU) and hold
     the difference against the budget model's bucket copy: counted bytes within 1%, the CUDA
     allocator's within 5% (it rounds blocks). Return the rows and a message per failure."""
-    from gradaccum_lib.jobs.launch import launch
+    from gradaccum_course.launch import launch
     from gradaccum_lib.measure.memory import memory_budget
 
     sizes = ["--ks", "1", "2", "4"] if rehearsal else [
         "--input-dim", "1024", "--hidden-dim", "4096", "--ks", "1", "2", "4", "8"]
-    probe = launch(str(SCRIPTS / "memory_probe.py"), sizes, nproc_per_node=1,
+    probe = launch("gradaccum_course.programs.memory_probe", sizes, nproc_per_node=1,
                    timeout_seconds=300)
     rows, failures = [], []
     for pair in probe["ddp_per_k"]:

@@ -281,7 +281,7 @@ pieces for non-CJK characters).
 In tokens: the vocabulary holds one token per character (CJK characters, and `##` pieces for
 the others), so a note is its count of non-space characters plus `[CLS]` and `[SEP]`: the
 longest note is {longest} tokens (a test checks this with the shipped tokenizer). The article
-this series answers uses records of 512 tokens; `python -m gradaccum_lib.jobs.train --max-length
+this series answers uses records of 512 tokens; `python -m recipes.emr_classification.train --max-length
 512` pads these notes to that length.
 
 ## License

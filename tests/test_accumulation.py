@@ -286,7 +286,7 @@ def test_a_window_without_items_raises_and_takes_no_step():
 def test_every_rank_raises_and_ddp_and_fsdp2_equal_the_ground_truth():
     """One torchrun of 2 gloo ranks (tests/workers/fsdp_window.py): rank 0 holds 12 samples a
     window, rank 1 20; three windows of 2 micro-batches each, then a partial one."""
-    from gradaccum_lib.jobs.launch import launch
+    from gradaccum_course.launch import launch
 
     result = launch(str(WORKER), [], nproc_per_node=2, timeout_seconds=240)
     reference = result["reference"]
@@ -347,7 +347,7 @@ class _CountOps(TorchDispatchMode):
 def _extra_ops_per_window(k: int) -> int:
     """Tensor operations of one window of accumulate_window minus the bare nanoGPT loop's, on
     the same model, data and AdamW (a window first, so that the optimizer's state exists)."""
-    from gradaccum_lib.audits.frameworks import _bare_loop
+    from gradaccum_course.audits.frameworks import _bare_loop
 
     window = split_into_micro_batches(make_toy_classification(16, 8, 2, dtype=torch.float32),
                                       accumulation_steps=k)

@@ -5,19 +5,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradaccum_lib import split_into_micro_batches
-from gradaccum_lib.audits.frameworks import (
+from gradaccum_course.audits.frameworks import (
     WindowDataset,
     accelerate_step,
     bare_loop_step,
     library_step,
 )
-from gradaccum_lib.audits.hf_trainer import (
+from gradaccum_course.audits.hf_trainer import (
     _summed_cross_entropy_over_window,
     hf_trainer_clipped_run,
     hf_trainer_step,
     hf_trainer_train_sampler,
 )
+from gradaccum_lib import split_into_micro_batches
 from gradaccum_lib.batches import concatenate_micro_batches
 from gradaccum_lib.equivalence import _AuditResult, audit_update
 from gradaccum_lib.losses import bert_classification_loss
@@ -207,7 +207,7 @@ def test_clipped_trainer_run_rejects_bad_arguments(emr_window):
 
 
 def test_hf_model_loss_gradients_divides_by_k_or_passes_the_window_count():
-    from gradaccum_lib.audits.hf_trainer import hf_model_loss_gradients
+    from gradaccum_course.audits.hf_trainer import hf_model_loss_gradients
     from gradaccum_lib.equivalence import averaged_micro_batch_gradients, full_batch_gradients
     from gradaccum_lib.gradients import max_gradient_difference
     from gradaccum_lib.losses import cross_entropy_sum
@@ -244,7 +244,7 @@ def test_hf_model_loss_gradients_divides_by_k_or_passes_the_window_count():
 def test_the_benchmarks_accelerate_loop_steps_as_the_bare_loop(emr_window):
     import copy
 
-    from gradaccum_lib.audits.frameworks import _accelerate_loop, _bare_loop
+    from gradaccum_course.audits.frameworks import _accelerate_loop, _bare_loop
 
     model, batch = emr_window
     # 8 micro-batches, two full windows (the loop counts windows by calls: it has no data end)

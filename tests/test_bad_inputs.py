@@ -16,6 +16,8 @@ import torch
 from script_loader import load_script
 from torch import nn
 
+from gradaccum_course import widgets
+from gradaccum_course.programs.ddp import parse_arguments  # the DDP program's  # noqa: E402
 from gradaccum_lib import (
     NonFiniteLossError,
     accumulated_gradients,
@@ -29,13 +31,15 @@ from gradaccum_lib import (
 )
 from gradaccum_lib import batches as batches_module
 from gradaccum_lib.accumulation import accumulate_window
-from gradaccum_lib.jobs.checkpoints import CheckpointError, read_checkpoint, write_checkpoint
 from gradaccum_lib.losses import sample_classification_loss as LOSS
 from gradaccum_lib.measure import memory, metrics, noise, planning
-from gradaccum_lib.notebook import widgets
 from gradaccum_lib.workloads import data, models
+from recipes.emr_classification.checkpoints import (
+    CheckpointError,
+    read_checkpoint,
+    write_checkpoint,
+)
 
-parse_arguments = load_script("scripts/ddp.py").parse_arguments  # the DDP program's
 make_emr_corpus = load_script("scripts/make_emr_corpus.py")
 
 INPUTS, LABELS = data.make_toy_classification(8, 6, 3, seed=0)

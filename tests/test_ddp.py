@@ -1,5 +1,5 @@
 """DDP under a real torchrun (2 gloo processes): equivalence, communication, failures
-(scripts/ddp.py runs accumulate_window under DDP and FSDP2)."""
+(gradaccum_course/programs/ddp.py runs accumulate_window under DDP and FSDP2)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from script_loader import ROOT, load_script
 
-from gradaccum_lib.jobs.launch import LaunchError, LaunchTimeout, launch
+from gradaccum_course.launch import LaunchError, LaunchTimeout, launch
+from gradaccum_course.programs import ddp
 
-ddp = load_script("scripts/ddp.py")
-DDP = str(ROOT / "scripts" / "ddp.py")
+DDP = "gradaccum_course.programs.ddp"
 BASE = ["--accumulation-steps", "4", "--micro-batch-size", "4", "--steps", "3"]
 WORKERS = Path(__file__).resolve().parent / "workers"
 HANG_WORKER = str(WORKERS / "hang.py")
@@ -69,8 +68,7 @@ CROSS_RANK = """\
 import json, os, sys
 import torch, torch.distributed as dist
 from gradaccum_lib.distributed import init_distributed
-sys.path.insert(0, SCRIPTS)
-from ddp import cross_rank_difference
+from gradaccum_course.programs.ddp import cross_rank_difference
 init_distributed()
 model = torch.nn.Linear(3, 2, dtype=torch.float64)
 torch.nn.init.constant_(model.weight, 1.0)
@@ -88,12 +86,12 @@ os._exit(0)
 
 
 def test_cross_rank_difference_is_the_largest_gap_to_rank_0_over_all_ranks(tmp_path):
-    # scripts/ddp.py checks every step with it: 0.0 only when every rank holds rank 0's
+    # the DDP program checks every step with it: 0.0 only when every rank holds rank 0's
     import torch
 
     assert ddp.cross_rank_difference(torch.nn.Linear(2, 2)) == 0.0  # one process, no group
     script = tmp_path / "cross_rank.py"
-    script.write_text(CROSS_RANK.replace("SCRIPTS", repr(str(ROOT / "scripts"))))
+    script.write_text(CROSS_RANK)
     result = launch(str(script), [], nproc_per_node=3, timeout_seconds=180)
     assert result == {"same": 0.0, "apart": 0.5}  # rank 2's bias entry, 2 x 0.25
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from script_loader import ROOT
 
-from gradaccum_lib.jobs.launch import launch, torchrun_command
+from gradaccum_course.launch import launch, torchrun_command
+from gradaccum_course.plots import plot_ddp_step
+from gradaccum_course.widgets import _describe_ddp_step, ddp_time_explorer
 from gradaccum_lib.measure.planning import DdpStepModel, fit_ddp_step_model
-from gradaccum_lib.notebook.plots import plot_ddp_step
-from gradaccum_lib.notebook.widgets import _describe_ddp_step, ddp_time_explorer
 
 
 def test_ddp_step_model_times_and_shares():
@@ -45,8 +44,8 @@ def test_fit_ddp_step_model_recovers_known_terms():
 def test_torchrun_command_single_and_multi_node():
     assert torchrun_command("m", ["--x", "1"], nproc_per_node=2) == (
         "torchrun --standalone --nproc_per_node=2 -m m --x 1")
-    assert torchrun_command("scripts/ddp.py", [], nproc_per_node=2) == (
-        "torchrun --standalone --nproc_per_node=2 scripts/ddp.py")
+    assert torchrun_command("scripts/x.py", [], nproc_per_node=2) == (
+        "torchrun --standalone --nproc_per_node=2 scripts/x.py")
     multi = torchrun_command("m", [], nproc_per_node=8, nnodes=2, rdzv_endpoint="h:29400")
     assert "--nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=h:29400" in multi
     with pytest.raises(ValueError, match="rdzv_endpoint"):
@@ -56,7 +55,7 @@ def test_torchrun_command_single_and_multi_node():
 
 
 def test_fsdp2_without_sync_holds_the_unsharded_gradient():
-    probe = launch(str(ROOT / "scripts" / "memory_probe.py"), [], nproc_per_node=2,
+    probe = launch("gradaccum_course.programs.memory_probe", [], nproc_per_node=2,
                    timeout_seconds=180)
     assert probe["no_sync"] == {"unsharded": probe["parameter_bytes"], "sharded": 0}
     assert probe["sync"] == {"unsharded": 0, "sharded": probe["parameter_bytes"] // 2}

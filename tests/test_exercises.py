@@ -14,8 +14,8 @@ import torch
 from test_portability import rounding_level_numbers
 from torch import nn
 
+from gradaccum_course.exercises import _EXERCISES, _WrongAnswer, check_exercise
 from gradaccum_lib.losses import token_classification_loss
-from gradaccum_lib.notebook.exercises import _EXERCISES, _WrongAnswer, check_exercise
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 CHECK = re.compile(r"check_exercise\(\s*\"(\d\d[a-z]?\.\d)\"")  # 04.1, 04b.1
@@ -264,7 +264,7 @@ def _exercise_ids(path: Path) -> list[str]:
 
 
 def test_every_name_a_notebook_imports_from_the_exercises_is_there() -> None:
-    from gradaccum_lib.notebook import exercises
+    from gradaccum_course import exercises
 
     imported = {name.strip() for path in NOTEBOOKS.glob("**/*.ipynb")
                 for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]
@@ -321,7 +321,7 @@ def _execute(client, code: str) -> tuple[str, list[dict]]:  # noqa: ANN001
 
 
 def test_in_a_kernel_a_wrong_answer_is_one_short_message_without_a_traceback(kernel) -> None:
-    status, outputs = _execute(kernel, "from gradaccum_lib.notebook.exercises import "
+    status, outputs = _execute(kernel, "from gradaccum_course.exercises import "
                                        "check_exercise")
     assert status == "ok", outputs
     status, outputs = _execute(kernel, 'answer = 32\ncheck_exercise("04.1", answer)')
@@ -340,7 +340,7 @@ def test_in_a_kernel_a_wrong_answer_is_one_short_message_without_a_traceback(ker
 
 
 def test_in_a_kernel_a_right_answer_prints_a_tick_and_no_out_line(kernel) -> None:
-    status, outputs = _execute(kernel, "from gradaccum_lib.notebook.exercises import "
+    status, outputs = _execute(kernel, "from gradaccum_course.exercises import "
                                        "check_exercise")
     assert status == "ok", outputs
     status, outputs = _execute(kernel, 'answer = 8\ncheck_exercise("04.1", answer)')
@@ -389,7 +389,7 @@ def _wrong_lines(exercise_id: str, answer: object, context: dict) -> list[str]:
 def test_in_the_chinese_edition_the_hint_is_chinese(exercise_id: str, answer: object,
                                                     context: dict,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from gradaccum_lib.notebook.exercises import _EXPECTS_ZH
+    from gradaccum_course.exercises import _EXPECTS_ZH
 
     monkeypatch.setenv("GRADACCUM_LANGUAGE", "en")
     english = _wrong_lines(exercise_id, answer, context)[2].removeprefix("Hint: ")
@@ -416,7 +416,7 @@ def test_a_wrong_answer_keeps_its_english_text_and_carries_the_chinese() -> None
 
 def test_without_a_chinese_hint_the_chinese_edition_shows_the_english_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from gradaccum_lib.notebook.exercises import _Exercise
+    from gradaccum_course.exercises import _Exercise
 
     def english_only(answer: object) -> str:
         raise _WrongAnswer(f"{answer} is not it")
@@ -429,9 +429,9 @@ def test_without_a_chinese_hint_the_chinese_edition_shows_the_english_one(
 
 def test_in_a_kernel_of_the_chinese_edition_the_hint_is_chinese_without_a_traceback(
         kernel) -> None:
-    from gradaccum_lib.notebook.exercises import _EXPECTS_ZH, _TITLES_ZH
+    from gradaccum_course.exercises import _EXPECTS_ZH, _TITLES_ZH
 
-    status, outputs = _execute(kernel, "import os\nfrom gradaccum_lib.notebook.exercises import "
+    status, outputs = _execute(kernel, "import os\nfrom gradaccum_course.exercises import "
                                        "check_exercise\n"
                                        "_language = os.environ.get('GRADACCUM_LANGUAGE')\n"
                                        "os.environ['GRADACCUM_LANGUAGE'] = 'zh'")
@@ -458,7 +458,7 @@ def test_every_solutions_check_line_is_said_in_chinese_in_the_twin_with_its_numb
     Chinese twins of the solutions print it, with no English sentence left."""
     from prose_numbers import numbers
 
-    from gradaccum_lib.notebook.exercises import _checked_in_chinese
+    from gradaccum_course.exercises import _checked_in_chinese
 
     root = Path(__file__).resolve().parent.parent
 
@@ -488,7 +488,7 @@ def test_every_solutions_check_line_is_said_in_chinese_in_the_twin_with_its_numb
 def test_the_mistaken_window_refuses_a_name_that_would_make_it_the_right_loop():
     """02.3's deliberately wrong loops run only as a named mistake: an unknown name would run
     a correct copy of the loop, which the library writes once (accumulate_window)."""
-    from gradaccum_lib.notebook import exercises
+    from gradaccum_course import exercises
 
     with pytest.raises(ValueError, match="mistake must be one of 02.3's usual mistakes"):
         exercises._run_window_step(exercises._mistaken_window, 1.0, mistake="typo")

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gradaccum_lib.jobs.launch import LaunchError, LaunchTimeout, launch
+from gradaccum_course.launch import LaunchError, LaunchTimeout, launch
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -104,7 +104,7 @@ def test_an_interrupted_caller_leaves_no_process(tmp_path):
         # and a child started with it ignored never gets Python's KeyboardInterrupt handler
         [sys.executable, "-c", "import signal, sys; "
          "signal.signal(signal.SIGINT, signal.default_int_handler); "
-         "from gradaccum_lib.jobs.launch import launch; "
+         "from gradaccum_course.launch import launch; "
          "launch(sys.argv[1], ['--ready-dir', sys.argv[2]], timeout_seconds=120)",
          SLOW_TO_DIE, str(tmp_path)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     started: list[int] = []
@@ -148,7 +148,7 @@ def test_workers_die_with_a_killed_agent(tmp_path):
 _ORPHAN = """
 import os, sys, time
 from pathlib import Path
-from gradaccum_lib.jobs.agent import run_worker  # imported first, as the job's modules do
+from gradaccum_course.agent import run_worker  # imported first, as the job's modules do
 (Path(sys.argv[1]) / f"rank-{os.environ['RANK']}").write_text(str(os.getpid()))
 agent = os.getppid()
 while os.getppid() == agent:  # the test kills the agent now
@@ -184,7 +184,7 @@ def test_a_worker_exits_at_once_when_its_agent_is_already_gone(tmp_path):
     # (4194305 is above Linux's largest pid: no process has it)
     run_id = "gradaccum-test"
     worker = subprocess.run(
-        [sys.executable, "-c", "from gradaccum_lib.jobs.agent import run_worker; "
+        [sys.executable, "-c", "from gradaccum_course.agent import run_worker; "
          "run_worker(lambda: 0)"], cwd=ROOT, capture_output=True, text=True, timeout=60,
         env={**os.environ, "TORCHELASTIC_RUN_ID": run_id,
              "GRADACCUM_AGENT": f"{run_id}:4194305"})
@@ -193,7 +193,7 @@ def test_a_worker_exits_at_once_when_its_agent_is_already_gone(tmp_path):
     # and a supervisor whose caller is already gone exits before starting torchrun, and
     # removes the run's folder
     (tmp_path / "run").mkdir()
-    agent = subprocess.run([sys.executable, "-c", "import sys; from gradaccum_lib.jobs.agent "
+    agent = subprocess.run([sys.executable, "-c", "import sys; from gradaccum_course.agent "
                             "import run_agent; run_agent('4194305', sys.argv[1], 'run')",
                             str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True,
                            timeout=60)
@@ -205,7 +205,7 @@ def test_the_watchdog_exits_a_process_whose_parent_dies(tmp_path):
     # the supervisors' watch, and the workers' where prctl(PR_SET_PDEATHSIG) is not available
     ready = tmp_path / "child"
     child_code = ("import os, sys, time; "
-                  "from gradaccum_lib.jobs.agent import _exit_orphaned, _when_orphaned; "
+                  "from gradaccum_course.agent import _exit_orphaned, _when_orphaned; "
                   "_when_orphaned(os.getppid(), lambda: _exit_orphaned(0)); "
                   "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)")
     parent = subprocess.Popen(
@@ -312,7 +312,7 @@ def test_restarting_the_kernel_leaves_no_process(tmp_path, slow_to_die):
     try:
         client.start_channels()
         client.wait_for_ready(timeout=60)
-        client.execute(f"from gradaccum_lib.jobs.launch import launch\nlaunch({program})")
+        client.execute(f"from gradaccum_course.launch import launch\nlaunch({program})")
         started = _ready_pids(tmp_path, names, 60)
         kernel = manager.provisioner.process.pid
         run = [process.pid for process in psutil.Process(kernel).children(recursive=True)]

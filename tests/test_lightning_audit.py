@@ -7,8 +7,8 @@ import copy
 import pytest
 import torch
 
+from gradaccum_course.audits.lightning import LightningCounts, lightning_step, lightning_step_counts
 from gradaccum_lib import split_into_micro_batches
-from gradaccum_lib.audits.lightning import LightningCounts, lightning_step, lightning_step_counts
 from gradaccum_lib.equivalence import audit_update
 from gradaccum_lib.losses import bert_classification_loss
 

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from gradaccum_course.widgets import _describe_learning_rates, learning_rate_explorer
 from gradaccum_lib import split_into_micro_batches
 from gradaccum_lib.accumulation import accumulate_window
 from gradaccum_lib.equivalence import full_batch_gradients
@@ -18,7 +19,6 @@ from gradaccum_lib.measure.noise import (
     brute_force_noise_scale,
     scaled_learning_rate,
 )
-from gradaccum_lib.notebook.widgets import _describe_learning_rates, learning_rate_explorer
 from gradaccum_lib.workloads.data import make_toy_classification
 from gradaccum_lib.workloads.models import make_mlp
 

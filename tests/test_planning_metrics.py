@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gradaccum_course.plots import plot_cluster_plan
+from gradaccum_course.widgets import _describe_cluster_plan, cluster_explorer
 from gradaccum_lib.measure.memory import memory_budget
 from gradaccum_lib.measure.metrics import classification_scores, predict_classes
 from gradaccum_lib.measure.planning import (
@@ -20,8 +22,6 @@ from gradaccum_lib.measure.planning import (
     measure_bert_shape,
     plan_cluster,
 )
-from gradaccum_lib.notebook.plots import plot_cluster_plan
-from gradaccum_lib.notebook.widgets import _describe_cluster_plan, cluster_explorer
 from gradaccum_lib.workloads.models import (
     ROBERTA_WWM_EXT_LARGE,
     count_bert_parameters,
@@ -189,8 +189,8 @@ def test_ddp_relative_residuals_are_zero_on_the_model_and_signed():
 
 
 def test_the_ddp_step_figure_is_one_panel_of_the_accumulation_plan_figure():
+    from gradaccum_course.plots import plot_accumulation_plan, plot_ddp_step
     from gradaccum_lib.measure.planning import StepTimeModel, plan_accumulation
-    from gradaccum_lib.notebook.plots import plot_accumulation_plan, plot_ddp_step
 
     plan = plan_accumulation(num_parameters=10, activation_bytes_per_sample=1.0,
                              step_time=StepTimeModel(0.001, 0.0001), micro_batch_size=2,

@@ -6,10 +6,10 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
+from gradaccum_course.plots import plot_errors
 from gradaccum_lib import full_batch_gradients, max_gradient_difference, split_into_micro_batches
 from gradaccum_lib.equivalence import info_nce_cached_gradients
 from gradaccum_lib.losses import info_nce_loss
-from gradaccum_lib.notebook.plots import plot_errors
 from gradaccum_lib.runtime import make_generator
 from gradaccum_lib.workloads.models import make_mlp
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from gradaccum_lib.distributed import init_distributed
-from gradaccum_lib.jobs import train
-from gradaccum_lib.jobs.checkpoints import (
+from recipes.emr_classification import train
+from recipes.emr_classification.checkpoints import (
     _MAGIC,
     CheckpointError,
     read_checkpoint,

@@ -288,12 +288,12 @@ def test_the_chinese_edition_is_published_and_each_page_links_its_twin(site):
 def test_links_to_files_outside_the_notebooks_go_to_copies_in_the_site(site):
     out, _, _ = site
     page = (out / "05_ddp_torchrun.html").read_text()
-    assert 'href="source/scripts/memory_probe.py.html"' in page
+    assert 'href="source/gradaccum_course/programs/memory_probe.py.html"' in page
     assert 'href="source/benchmarks/deepspeed_cpu.txt.html"' in (out / "06_beyond.html").read_text()
     for page in html_files(out):
         assert 'href="../' not in page.read_text() or page.parent != out, page
-    copy = (out / "source" / "scripts" / "memory_probe.py.html").read_text()
-    text = (ROOT / "scripts" / "memory_probe.py").read_text()
+    copy = (out / "source" / "gradaccum_course" / "programs" / "memory_probe.py.html").read_text()
+    text = (ROOT / "gradaccum_course" / "programs" / "memory_probe.py").read_text()
     shown = html.unescape(copy.split('<pre id="source"><code>', 1)[1].split("</code></pre>")[0])
     assert shown == build_site.site_pages.as_text(text)
     assert 'href="../../05_ddp_torchrun.html"' in copy  # back to the page that links it
@@ -439,7 +439,7 @@ def test_markdown_tables_and_fenced_code_render(site):
     training = (out / "docs" / "training.html").read_text()
     blocks = re.findall(r'<div class="highlight"><pre>(.*?)</pre></div>', training, re.DOTALL)
     assert len(blocks) == 2
-    assert "gradaccum_lib.jobs.train" in re.sub(r"<[^>]+>", "", blocks[0])
+    assert "recipes.emr_classification.train" in re.sub(r"<[^>]+>", "", blocks[0])
     assert "```" not in training
     readme = (out / "readme.html").read_text()
     assert readme.count("<table>") == 2  # the notebook map and the article's claims

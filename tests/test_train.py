@@ -19,12 +19,12 @@ import psutil
 import pytest
 import torch
 
-from gradaccum_lib.jobs.train import JobError, parse_arguments
-from gradaccum_lib.jobs.train import _check_sizes as check_sizes
-from gradaccum_lib.jobs.train import main as train_main
+from recipes.emr_classification.train import JobError, parse_arguments
+from recipes.emr_classification.train import _check_sizes as check_sizes
+from recipes.emr_classification.train import main as train_main
 
 # 2 x 48 notes of 32 tokens, micro-batch 4, k = 2: 6 windows per epoch, 2 epochs, float64
-JOB = ["-m", "gradaccum_lib.jobs.train", "--train-samples", "96", "--validation-samples", "30",
+JOB = ["-m", "recipes.emr_classification.train", "--train-samples", "96", "--validation-samples", "30",
        "--max-length", "32", "--micro-batch-size", "4", "--accumulation-steps", "2",
        "--epochs", "2", "--dtype", "float64", "--warmup-steps", "2", "--lr", "5e-4",
        "--no-progress"]
@@ -72,7 +72,7 @@ def _finish(process: subprocess.Popen, timeout: float = 240) -> tuple[int, str, 
 
 def _workers(process: subprocess.Popen) -> list[psutil.Process]:
     return [child for child in psutil.Process(process.pid).children(recursive=True)
-            if "gradaccum_lib.jobs.train" in " ".join(child.cmdline())]
+            if "recipes.emr_classification.train" in " ".join(child.cmdline())]
 
 
 def _wait_for(condition, timeout: float = 120.0) -> None:  # noqa: ANN001
@@ -310,7 +310,7 @@ def test_every_rank_of_the_job_has_the_same_number_of_windows(samples, world_siz
     from types import SimpleNamespace
 
     from gradaccum_lib.batches import windows_of
-    from gradaccum_lib.jobs.train import _rows
+    from recipes.emr_classification.train import _rows
 
     job = SimpleNamespace(columns={"labels": torch.zeros(samples)},
                           ctx=SimpleNamespace(world_size=world_size),

@@ -173,7 +173,7 @@ def test_a_missing_cell_and_an_orphan_translation_are_named(tmp_path, monkeypatc
 
 
 def test_exercise_feedback_follows_the_notebooks_language(monkeypatch, capsys) -> None:
-    from gradaccum_lib.notebook import exercises
+    from gradaccum_course import exercises
 
     monkeypatch.delenv("GRADACCUM_LANGUAGE", raising=False)
     monkeypatch.chdir(ROOT / "notebooks")

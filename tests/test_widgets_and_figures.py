@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 from matplotlib.figure import Figure
 
-from gradaccum_lib.measure.memory import memory_budget
-from gradaccum_lib.measure.planning import StepTimeModel, plan_accumulation
-from gradaccum_lib.notebook.plots import plot_accumulation_plan, plot_curves, plot_memory_breakdown
-from gradaccum_lib.notebook.widgets import (
+from gradaccum_course.plots import plot_accumulation_plan, plot_curves, plot_memory_breakdown
+from gradaccum_course.widgets import (
     _describe_plan,
     _figure_png,
     _show_figure,
     accumulation_explorer,
 )
+from gradaccum_lib.measure.memory import memory_budget
+from gradaccum_lib.measure.planning import StepTimeModel, plan_accumulation
 
 STEP_TIME = StepTimeModel(overhead_per_micro_step=0.002, seconds_per_sample=0.0001)
 
@@ -71,12 +71,12 @@ def test_figure_png_renders_in_memory(tmp_path, monkeypatch):
 def test_every_slider_spans_most_of_the_notebook_width():
     from ipywidgets import widgets as ipw
 
-    from gradaccum_lib.measure.planning import TransformerShape, _TransformerActivations
-    from gradaccum_lib.notebook.widgets import (
+    from gradaccum_course.widgets import (
         cluster_explorer,
         ddp_time_explorer,
         learning_rate_explorer,
     )
+    from gradaccum_lib.measure.planning import TransformerShape, _TransformerActivations
 
     shape = TransformerShape(params_outside=10**6, params_per_layer=10**5,
                              activations=_TransformerActivations(1, 1, 1, 1, 1))
@@ -104,8 +104,8 @@ def _png_size(png: bytes) -> tuple[int, int]:
 
 
 def _figure_explorers():
+    from gradaccum_course.widgets import cluster_explorer, ddp_time_explorer
     from gradaccum_lib.measure.planning import TransformerShape, _TransformerActivations
-    from gradaccum_lib.notebook.widgets import cluster_explorer, ddp_time_explorer
 
     shape = TransformerShape(params_outside=10**6, params_per_layer=10**5,
                              activations=_TransformerActivations(1, 1, 1, 1, 1))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..runtime import check_positive_int
+from gradaccum_lib.runtime import check_positive_int
 
 __all__ = [
     "paired_ratio",

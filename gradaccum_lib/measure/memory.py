@@ -33,9 +33,9 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from ..batches import Batch, LossFn, check_loss_output
-from ..gradients import model_restored
-from ..runtime import check_bool, check_choice, check_number, check_positive_int, is_int
+from gradaccum_lib.batches import Batch, LossFn, check_loss_output
+from gradaccum_lib.gradients import model_restored
+from gradaccum_lib.runtime import check_bool, check_choice, check_number, check_positive_int, is_int
 
 __all__ = [
     "activation_bytes",

@@ -8,14 +8,14 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import Tensor, nn
 
-from ..batches import (
+from gradaccum_lib.batches import (
     Batch,
     LossFn,
     check_batch_collection,
     check_loss_output,
     split_into_micro_batches,
 )
-from ..runtime import check_positive_int
+from gradaccum_lib.runtime import check_positive_int
 
 __all__ = ["classification_scores", "evaluate_mean_loss", "predict_classes"]
 

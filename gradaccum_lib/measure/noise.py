@@ -20,7 +20,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
-from ..runtime import check_choice, check_number, check_positive_int
+from gradaccum_lib.runtime import check_choice, check_number, check_positive_int
 
 __all__ = [
     "NoiseScaleTracker",

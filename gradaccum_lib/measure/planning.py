@@ -4,7 +4,7 @@ cluster.
 - :class:`StepTimeModel` / :func:`fit_step_time`: a window's time from measured micro-step times;
 - :class:`DdpStepModel` / :func:`fit_ddp_step_model`: a DDP step with one sync per window or
   one per micro-step, fitted to the medians of step times measured interleaved (notebook 06 §5 runs
-  ``scripts/beyond_step_times.py``);
+  ``gradaccum_course/programs/beyond_step_times.py``);
 - :func:`plan_accumulation`, :func:`max_micro_batch_size`, :func:`accumulation_steps_for`:
   choosing the micro-batch and k on one device;
 - :class:`_TransformerActivations` / :func:`_fit_transformer_activations`: activation bytes as a
@@ -23,7 +23,8 @@ from fractions import Fraction
 import torch
 from torch import nn
 
-from ..runtime import check_int, check_number, check_positive_int, is_int
+from gradaccum_lib.runtime import check_int, check_number, check_positive_int, is_int
+
 from .memory import MemoryBreakdown, Optimizer, Precision, activation_bytes, memory_budget
 
 __all__ = [
@@ -191,7 +192,7 @@ def fit_ddp_step_model(
     every_seconds: Sequence[float],
 ) -> DdpStepModel:
     """Return the :class:`DdpStepModel` (every term >= 0) closest to measured step times
-    (e.g. medians from ``scripts/beyond_step_times.py``, notebook 06) with one sync per
+    (e.g. medians from ``gradaccum_course/programs/beyond_step_times.py``, notebook 06) with one sync per
     window (``k c + m + o``) and one per micro-step (``k c + k m + o``), in relative terms:
     least squares of
     ``(model - measured) / measured``, so that short and long steps weigh alike.
@@ -491,8 +492,8 @@ def measure_bert_shape(
     """
     from transformers import BertConfig, BertForSequenceClassification
 
-    from ..losses import bert_classification_loss
-    from ..workloads.models import count_bert_parameters
+    from gradaccum_lib.losses import bert_classification_loss
+    from gradaccum_lib.workloads.models import count_bert_parameters
 
     if not isinstance(config, dict) or not is_int(config.get("vocab_size")):
         raise TypeError("config must be a dict of BertConfig fields with an int 'vocab_size' "

@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ..runtime import check_bool, check_int, check_number, check_positive_int, check_seed, is_int
+from gradaccum_lib.runtime import (
+    check_bool,
+    check_int,
+    check_number,
+    check_positive_int,
+    check_seed,
+    is_int,
+)
 
 if TYPE_CHECKING:  # transformers is imported only where a tokenizer is built
     from transformers import PreTrainedTokenizerBase

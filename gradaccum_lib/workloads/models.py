@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor, nn
 
-from ..runtime import (
+from gradaccum_lib.runtime import (
     check_bool,
     check_choice,
     check_int,

@@ -185,7 +185,7 @@ def test_a_notebook_links_its_solutions_and_its_source_files(offline, site):
     assert page.title() == pages["02_single_device.html"]["title"]
 
     page.goto((site / "05_ddp_torchrun.html").as_uri())
-    offline.follow("source/scripts/memory_probe.py.html")
+    offline.follow("source/gradaccum_course/programs/memory_probe.py.html")
     first_line = (ROOT / "scripts" / "memory_probe.py").read_text().splitlines()[0]
     assert page.locator("pre#source").inner_text().startswith(first_line)
     offline.follow("../../index.html")
@@ -200,7 +200,7 @@ def test_the_readme_and_the_docs_pages_open_and_lead_to_the_notebooks(offline, s
              "the README's notebook map, row 01")
     offline.follow("docs/training.html")
     assert page.locator("h1").first.inner_text().startswith("Training the case study")
-    assert "gradaccum_lib.jobs.train" in page.locator("div.highlight pre").first.inner_text()
+    assert "recipes.emr_classification.train" in page.locator("div.highlight pre").first.inner_text()
     offline.screenshot("docs-training")
     offline.follow("security.html")  # docs -> docs
     assert page.locator("h1").first.inner_text().startswith("Security note")

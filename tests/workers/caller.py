@@ -14,7 +14,7 @@ import signal
 import threading
 from pathlib import Path
 
-from gradaccum_lib.jobs.launch import launch
+from gradaccum_course.launch import launch
 
 HANG = str(Path(__file__).resolve().with_name("hang.py"))
 SLOW_TO_DIE = str(Path(__file__).resolve().with_name("slow_to_die.py"))

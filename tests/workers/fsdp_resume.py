@@ -25,14 +25,14 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import fully_shard
 
+from gradaccum_course.agent import run_worker
 from gradaccum_lib.accumulation import accumulate_window
 from gradaccum_lib.batches import split_into_micro_batches, windows_of
 from gradaccum_lib.distributed import init_distributed, process_group_session
-from gradaccum_lib.jobs.agent import run_worker
-from gradaccum_lib.jobs.checkpoints import read_checkpoint, write_checkpoint
 from gradaccum_lib.losses import sample_classification_loss
 from gradaccum_lib.workloads.data import make_toy_classification
 from gradaccum_lib.workloads.models import make_mlp
+from recipes.emr_classification.checkpoints import read_checkpoint, write_checkpoint
 
 
 def _sharded() -> tuple[torch.nn.Module, torch.optim.Optimizer]:

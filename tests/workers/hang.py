@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from gradaccum_course.agent import run_worker
 from gradaccum_lib.distributed import init_distributed
-from gradaccum_lib.jobs.agent import run_worker
 
 
 def main() -> int:

@@ -23,11 +23,11 @@ from torch._C._distributed_c10d import ProcessGroup
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from gradaccum_course.agent import run_worker
 from gradaccum_lib.accumulation import accumulate_window
 from gradaccum_lib.batches import NonFiniteLossError, split_into_micro_batches
 from gradaccum_lib.distributed import init_distributed, process_group_session
 from gradaccum_lib.equivalence import full_batch_gradients
-from gradaccum_lib.jobs.agent import run_worker
 from gradaccum_lib.losses import sample_classification_loss
 from gradaccum_lib.workloads.data import make_toy_classification
 from gradaccum_lib.workloads.models import make_mlp

@@ -30,11 +30,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..batches import LossFn, concatenate_micro_batches
-from ..equivalence import OptimizerFactory, full_batch_gradients
-from ..gradients import Gradients, collected_gradients, model_restored
-from ..losses import bert_classification_loss
-from ..runtime import check_number, check_positive_int
+from gradaccum_lib.batches import LossFn, concatenate_micro_batches
+from gradaccum_lib.equivalence import OptimizerFactory, full_batch_gradients
+from gradaccum_lib.gradients import Gradients, collected_gradients, model_restored
+from gradaccum_lib.losses import bert_classification_loss
+from gradaccum_lib.runtime import check_number, check_positive_int
+
 from .frameworks import WindowDataset
 
 __all__ = ["hf_model_loss_gradients", "hf_trainer_clipped_run", "hf_trainer_step",

@@ -1,6 +1,6 @@
 """The program torchrun runs: the loop under DDP or FSDP2, checked against one process.
 
-    torchrun --standalone --nproc_per_node=2 scripts/ddp.py \\
+    torchrun --standalone --nproc_per_node=2 -m gradaccum_course.programs.ddp \\
         --accumulation-steps 4 --micro-batch-size 8 --steps 6 --sync window --json out.json
 
 Every rank trains its ``DistributedSampler`` shard, each window one call of
@@ -39,11 +39,11 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+from gradaccum_course.agent import run_worker
 from gradaccum_lib.accumulation import WindowResult, accumulate_window
 from gradaccum_lib.batches import windows_of
 from gradaccum_lib.distributed import DistributedContext, init_distributed, process_group_session
 from gradaccum_lib.equivalence import full_batch_gradients
-from gradaccum_lib.jobs.agent import run_worker
 from gradaccum_lib.losses import sample_classification_loss, token_classification_loss
 from gradaccum_lib.measure.comm import CommCounter
 from gradaccum_lib.workloads.data import make_toy_classification, make_toy_token_batch
@@ -69,7 +69,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scripts/ddp.py",
+    parser = argparse.ArgumentParser(prog="python -m gradaccum_course.programs.ddp",
                                      description=__doc__.split("\n\n")[0])
     add = parser.add_argument
     add("--accumulation-steps", type=int, required=True)

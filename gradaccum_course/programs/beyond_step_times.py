@@ -2,7 +2,7 @@
 
 The notebook runs it under torchrun through ``launch()``:
 
-    torchrun --nproc_per_node=N beyond_step_times.py --ks 1,2,4,8 --repeats 30 --json PATH
+    torchrun --nproc_per_node=N -m gradaccum_course.programs.beyond_step_times --ks 1,2,4,8 --repeats 30 --json PATH
 
 What it times: one window of k micro-batches of 8, stepped by ``accumulate_window`` on its own
 DDP copy of notebook 05's MLP (section 3), syncing the gradients once per window and every

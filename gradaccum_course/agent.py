@@ -1,4 +1,4 @@
-"""The agent's side of a :func:`~gradaccum_lib.jobs.launch.launch` run: what runs in the
+"""The agent's side of a :func:`~gradaccum_course.launch.launch` run: what runs in the
 processes launch() starts, and :func:`run_worker`, every torchrun worker's entry point.
 
 launch() starts :func:`run_agent`, the run's supervisor, which starts torchrun's agent as its
@@ -38,7 +38,7 @@ from typing import NoReturn
 
 import psutil
 
-from .. import _PARENT_PID
+from gradaccum_lib import _PARENT_PID
 
 __all__ = ["TERMINATE_GRACE_SECONDS", "run_agent", "run_worker"]
 
@@ -51,7 +51,7 @@ _WATCH_SECONDS = 0.1
 _AGENT_VARIABLE = "GRADACCUM_AGENT"
 #: what run_agent's child runs: torchrun's agent (the package's parent folder comes last on
 #: its path, for a caller that added it)
-_TORCHRUN_ENTRY = ("import sys; sys.path.append(sys.argv[1]); from gradaccum_lib.jobs.agent "
+_TORCHRUN_ENTRY = ("import sys; sys.path.append(sys.argv[1]); from gradaccum_course.agent "
                    "import _run_torchrun; _run_torchrun(*sys.argv[2:])")
 #: this process's parent when the package was imported, before torch loaded: a plain torchrun
 #: worker's agent, which exports no pid, if it was still alive then
@@ -192,7 +192,7 @@ def run_worker(main: Callable[[], int]) -> None:
     during finalisation ("terminate called without an active exception", about one run in
     ten here), after the work is done. ``main`` must destroy its process group first. Under
     torchrun the worker dies with its agent, and SIGUSR1 prints its Python stacks to stderr
-    (what :func:`~gradaccum_lib.jobs.launch.launch` shows for the ranks that hang).
+    (what :func:`~gradaccum_course.launch.launch` shows for the ranks that hang).
     """
     if "TORCHELASTIC_RUN_ID" in os.environ:
         _die_with_agent()

@@ -1,6 +1,6 @@
 """What accumulation holds in gradient memory under DDP and FSDP2, measured on each rank.
 
-    torchrun --standalone --nproc_per_node=2 scripts/memory_probe.py --json out.json
+    torchrun --standalone --nproc_per_node=2 -m gradaccum_course.programs.memory_probe --json out.json
 
 **DDP.** The reducer allocates its gradient buckets when the model is wrapped. By default they
 are a second copy of the gradients: each backward writes ``.grad`` and copies it into a bucket
@@ -33,9 +33,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from gradaccum_course.agent import run_worker
 from gradaccum_lib.accumulation import accumulate_window
 from gradaccum_lib.distributed import init_distributed, process_group_session
-from gradaccum_lib.jobs.agent import run_worker
 from gradaccum_lib.losses import sample_classification_loss
 from gradaccum_lib.measure.memory import _counting_tensor_bytes
 from gradaccum_lib.workloads.models import make_mlp
@@ -142,7 +142,7 @@ def _fsdp2_held_bytes(input_dim: int, hidden_dim: int, window: list,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure DDP both ways and FSDP2 both ways; write JSON on rank 0."""
-    parser = argparse.ArgumentParser(prog="scripts/memory_probe.py")
+    parser = argparse.ArgumentParser(prog="python -m gradaccum_course.programs.memory_probe")
     parser.add_argument("--json", required=True)
     parser.add_argument("--input-dim", type=int, default=64)
     parser.add_argument("--hidden-dim", type=int, default=256)

@@ -1,8 +1,8 @@
 """The EMR case study as a job: fine-tune a BERT classifier with accumulation, anywhere.
 
-    python -m gradaccum_lib.jobs.train --accumulation-steps 4 --micro-batch-size 8 \\
+    python -m recipes.emr_classification.train --accumulation-steps 4 --micro-batch-size 8 \\
         --checkpoint-dir build/run --resume --json build/run/log.json
-    torchrun --standalone --nproc_per_node=2 --max-restarts=1 -m gradaccum_lib.jobs.train ...
+    torchrun --standalone --nproc_per_node=2 --max-restarts=1 -m recipes.emr_classification.train ...
 
 The same command runs as one process or under ``torchrun`` (gloo on CPU, nccl on CUDA), on
 one node or several. The job owns its epochs, the way a torchtune recipe does: each epoch,
@@ -49,16 +49,17 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 from tqdm.auto import tqdm
 
-from ..accumulation import accumulate_window
-from ..batches import split_into_micro_batches, windows_of
-from ..distributed import DistributedContext, init_distributed, process_group_session
-from ..losses import bert_classification_loss
-from ..measure.comm import CommCounter
-from ..measure.metrics import classification_scores, predict_classes
-from ..runtime import get_profile, set_seed
-from ..workloads.data import LABELS, encode_records, load_emr_split, load_tokenizer
-from ..workloads.models import make_tiny_bert
-from .agent import run_worker
+from gradaccum_course.agent import run_worker  # TODO(recipe): no course import
+from gradaccum_lib.accumulation import accumulate_window
+from gradaccum_lib.batches import split_into_micro_batches, windows_of
+from gradaccum_lib.distributed import DistributedContext, init_distributed, process_group_session
+from gradaccum_lib.losses import bert_classification_loss
+from gradaccum_lib.measure.comm import CommCounter
+from gradaccum_lib.measure.metrics import classification_scores, predict_classes
+from gradaccum_lib.runtime import get_profile, set_seed
+from gradaccum_lib.workloads.data import LABELS, encode_records, load_emr_split, load_tokenizer
+from gradaccum_lib.workloads.models import make_tiny_bert
+
 from .checkpoints import (
     CheckpointError,
     read_checkpoint,
@@ -102,7 +103,7 @@ def _positive_float(text: str) -> float:
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Return the command line parsed and checked (argparse errors for bad flags)."""
-    parser = argparse.ArgumentParser(prog="python -m gradaccum_lib.jobs.train",
+    parser = argparse.ArgumentParser(prog="python -m recipes.emr_classification.train",
                                      description=__doc__.split("\n\n")[0])
     _add_run_flags(parser.add_argument)
     _add_job_flags(parser.add_argument)

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..equivalence import OptimizerFactory
-from ..runtime import check_positive_int
+from gradaccum_lib.equivalence import OptimizerFactory
+from gradaccum_lib.runtime import check_positive_int
+
 from .frameworks import WindowDataset, model_mean_loss
 
 __all__ = ["LightningCounts", "lightning_step", "lightning_step_counts"]

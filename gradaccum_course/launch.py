@@ -3,9 +3,9 @@
 Distributed code runs under a real torchrun: :func:`launch` runs torchrun from a notebook or
 a test in a subprocess with its own session and a timeout, and returns what rank 0 wrote. Its
 errors carry the failing ranks' stderr and, on a timeout, the ranks that had not finished
-with their Python stacks. The subprocess is :func:`~gradaccum_lib.jobs.agent.run_agent`,
+with their Python stacks. The subprocess is :func:`~gradaccum_course.agent.run_agent`,
 which with torchrun's agent ends the run's whole process tree when the run ends, however it
-ends (:mod:`gradaccum_lib.jobs.agent`). A run whose workers join through
+ends (:mod:`gradaccum_course.agent`). A run whose workers join through
 ``init_distributed`` listens on loopback only. (``!torchrun`` in a cell never fails the cell
 and may not be on PATH; ``mp.spawn`` of a function defined in a notebook cannot pickle it;
 fork-based launchers can hang after torch has started threads.)
@@ -31,8 +31,9 @@ from pathlib import Path
 
 import psutil
 
-from ..distributed import STORE_FILE_VARIABLE
-from ..runtime import check_positive_int
+from gradaccum_lib.distributed import STORE_FILE_VARIABLE
+from gradaccum_lib.runtime import check_positive_int
+
 from .agent import TERMINATE_GRACE_SECONDS
 
 __all__ = ["LaunchError", "LaunchTimeout", "launch", "torchrun_command"]
@@ -40,7 +41,7 @@ __all__ = ["LaunchError", "LaunchTimeout", "launch", "torchrun_command"]
 #: what launch() starts: agent.run_agent, which runs torchrun's agent; the package's parent
 #: folder comes last on its path, for a caller that added it
 _AGENT_ENTRY = ("import sys; sys.path.append(sys.argv[1]); "
-                "from gradaccum_lib.jobs.agent import run_agent; run_agent(*sys.argv[2:])")
+                "from gradaccum_course.agent import run_agent; run_agent(*sys.argv[2:])")
 #: how much of each rank's stderr an error carries
 _TAIL_CHARS = 3000
 #: how often launch() records the run's new processes while it waits
@@ -74,7 +75,7 @@ class LaunchError(RuntimeError):
 class LaunchTimeout(LaunchError):
     """torchrun did not finish within its timeout; every process of the run was killed.
     ``unfinished_ranks`` are the ranks still running at the timeout; each one started through
-    :func:`~gradaccum_lib.jobs.agent.run_worker` printed its Python stacks at the end of its
+    :func:`~gradaccum_course.agent.run_worker` printed its Python stacks at the end of its
     stderr (``rank_stderr``).
     """
 
@@ -339,7 +340,7 @@ class _RunProcesses:
 
     def kill(self) -> tuple[int, ...]:
         """Have the supervisor end the run (SIGTERM: it ends its tree within
-        :data:`~gradaccum_lib.jobs.agent.TERMINATE_GRACE_SECONDS` and exits; torchrun's agent
+        :data:`~gradaccum_course.agent.TERMINATE_GRACE_SECONDS` and exits; torchrun's agent
         does if the supervisor is dead), SIGKILL what launch() recorded and is still alive 1 s
         after that grace, and again 5 s later; return the pids alive then."""
         self.refresh()

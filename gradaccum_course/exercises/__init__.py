@@ -39,18 +39,22 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ..accumulation import accumulate_window
-from ..audits.frameworks import accelerate_step
-from ..audits.hf_trainer import hf_trainer_step
-from ..batches import split_into_micro_batches, windows_of
-from ..equivalence import accumulated_gradients, audit_update, full_batch_gradients
-from ..gradients import max_gradient_difference
-from ..losses import bert_classification_loss, sample_classification_loss
-from ..measure.comm import CommCounter
-from ..measure.memory import memory_budget
-from ..measure.noise import scaled_learning_rate
-from ..measure.planning import DdpStepModel, accumulation_steps_for, max_micro_batch_size
-from ..workloads.models import (
+from gradaccum_course.audits.frameworks import accelerate_step
+from gradaccum_course.audits.hf_trainer import hf_trainer_step
+from gradaccum_lib.accumulation import accumulate_window
+from gradaccum_lib.batches import split_into_micro_batches, windows_of
+from gradaccum_lib.equivalence import accumulated_gradients, audit_update, full_batch_gradients
+from gradaccum_lib.gradients import max_gradient_difference
+from gradaccum_lib.losses import bert_classification_loss, sample_classification_loss
+from gradaccum_lib.measure.comm import CommCounter
+from gradaccum_lib.measure.memory import memory_budget
+from gradaccum_lib.measure.noise import scaled_learning_rate
+from gradaccum_lib.measure.planning import (
+    DdpStepModel,
+    accumulation_steps_for,
+    max_micro_batch_size,
+)
+from gradaccum_lib.workloads.models import (
     ROBERTA_WWM_EXT_LARGE,
     TokenTagger,
     count_bert_parameters,
@@ -853,13 +857,13 @@ def _ddp_window_target(answer: object) -> str:
 
 #: the program exercise 05.3 runs under torchrun: the repository's scripts/ (a source checkout,
 #: as the README sets up)
-_DDP_WINDOW_CHECK = Path(__file__).resolve().parents[2] / "scripts" / "ddp_window_check.py"
+_DDP_WINDOW_CHECK = "gradaccum_course.programs.ddp_window_check"  # torchrun -m
 
 
 def _measure_ddp_windows(*answers: object) -> list[dict]:
     """Run each window under torchrun on 2 gloo ranks (one launch for those not measured yet;
-    ``scripts/ddp_window_check.py``) and return what was measured."""
-    from ..jobs.launch import LaunchError, LaunchTimeout, launch
+    ``gradaccum_course/programs/ddp_window_check.py``) and return what was measured."""
+    from gradaccum_course.launch import LaunchError, LaunchTimeout, launch
 
     targets = [_ddp_window_target(answer) for answer in answers]
     keys = {target: Path(target.split("::")[0]).read_text(encoding="utf-8") + target

@@ -12,8 +12,8 @@ import io
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
-from ..measure.memory import Optimizer, Precision
-from ..measure.planning import (
+from gradaccum_lib.measure.memory import Optimizer, Precision
+from gradaccum_lib.measure.planning import (
     AccumulationPlan,
     ClusterPlan,
     DdpStepModel,
@@ -22,7 +22,8 @@ from ..measure.planning import (
     plan_accumulation,
     plan_cluster,
 )
-from ..runtime import check_int, check_number, check_positive_int
+from gradaccum_lib.runtime import check_int, check_number, check_positive_int
+
 from .plots import MIB, plot_accumulation_plan, plot_cluster_plan, plot_ddp_step
 
 __all__ = [
@@ -72,7 +73,7 @@ _PIXEL_RATIO = 2
 
 def _figure_png(figure: Figure, *, dpi: float = _PIXEL_RATIO * _CSS_DPI) -> bytes:
     """Return ``figure`` rendered as PNG bytes at ``dpi`` (in memory; no file is written)."""
-    _check_kind("figure", figure, Figure, "e.g. from gradaccum_lib.notebook.plots")
+    _check_kind("figure", figure, Figure, "e.g. from gradaccum_course.plots")
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=dpi)
     return buffer.getvalue()
@@ -276,7 +277,7 @@ def ddp_time_explorer(
 def _describe_learning_rates(base_lr: float, base_batch: int, batch: int,
                             measured: dict[tuple[int, str], float]) -> str:
     """Return the learning rate each rule gives at ``batch`` and, where measured, the result."""
-    from ..measure.noise import scaled_learning_rate
+    from gradaccum_lib.measure.noise import scaled_learning_rate
 
     _check_kind("measured", measured, dict, "(batch, rule) -> measured result")
     parts = []

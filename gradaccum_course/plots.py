@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 
 from matplotlib.figure import Figure
 
-from ..measure.memory import MemoryBreakdown
-from ..measure.planning import AccumulationPlan, ClusterPlan, DdpStepModel
+from gradaccum_lib.measure.memory import MemoryBreakdown
+from gradaccum_lib.measure.planning import AccumulationPlan, ClusterPlan, DdpStepModel
 
 __all__ = [
     "MIB",

@@ -1,6 +1,6 @@
 """One optimizer step of accumulation, the way each audited setup runs it: gradaccum's loop,
 the nanoGPT-style bare loop and 🤗 Accelerate (the 🤗 Trainer is in
-:mod:`~gradaccum_lib.audits.hf_trainer`, Lightning in :mod:`~gradaccum_lib.audits.lightning`).
+:mod:`~gradaccum_course.audits.hf_trainer`, Lightning in :mod:`~gradaccum_course.audits.lightning`).
 
 Each function has the signature ``step(model, micro_batches, make_optimizer)`` expected by
 :func:`gradaccum_lib.equivalence.audit_update`: it builds the optimizer with
@@ -20,10 +20,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..accumulation import accumulate_window
-from ..batches import concatenate_micro_batches, windows_of
-from ..equivalence import OptimizerFactory
-from ..losses import bert_classification_loss
+from gradaccum_lib.accumulation import accumulate_window
+from gradaccum_lib.batches import concatenate_micro_batches, windows_of
+from gradaccum_lib.equivalence import OptimizerFactory
+from gradaccum_lib.losses import bert_classification_loss
 
 __all__ = [
     "WindowDataset",

@@ -10,8 +10,8 @@ all-reduced (a communication hook); then it compares the gradient with the truth
 ranks. A second run sets the default device apart from the model's (``meta``; on a GPU
 machine it is the CPU) and records the device of every tensor handed to ``dist.all_reduce``.
 Rank 0 writes ``{path: measurements}`` to the JSON file that ends the command line.
-Run: ``torchrun --nproc_per_node=2 scripts/ddp_window_check.py FILE... --json PATH``
-(:func:`gradaccum_lib.jobs.launch.launch` does).
+Run: ``torchrun --nproc_per_node=2 -m gradaccum_course.programs.ddp_window_check FILE... --json PATH``
+(:func:`gradaccum_course.launch.launch` does).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from gradaccum_course.agent import run_worker
 from gradaccum_lib.distributed import init_distributed
 from gradaccum_lib.equivalence import full_batch_gradients
-from gradaccum_lib.jobs.agent import run_worker
 from gradaccum_lib.losses import sample_classification_loss
 from gradaccum_lib.workloads.models import make_mlp
 

@@ -9,7 +9,7 @@ ranks' parameters are apart. Rank 0 writes JSON: per loop, those records and its
 parameters.
 
     torchrun --standalone --nproc_per_node=2 \
-        scripts/sync_flag_runs.py build/sync_flag.py --json PATH
+        -m gradaccum_course.programs.sync_flag_runs build/sync_flag.py --json PATH
 
 With ``--static-graph`` it trains ``flag_before_forward`` for two windows on a model that DDP
 wraps with ``static_graph=True`` instead: the trap of notebook 05's section 4
@@ -27,8 +27,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+from gradaccum_course.agent import run_worker
 from gradaccum_lib.distributed import init_distributed, process_group_session
-from gradaccum_lib.jobs.agent import run_worker
 from gradaccum_lib.measure.comm import CommCounter
 from gradaccum_lib.workloads.data import make_toy_classification
 from gradaccum_lib.workloads.models import make_mlp

@@ -1,0 +1,33 @@
+"""gradaccum_course: what serves the notebooks of the gradaccum series, not the learner's own
+code: the exercise checkers (``exercises``), the sliders (``widgets``) and figures
+(``plots``), the audits of other frameworks (``audits``), starting ``torchrun`` from a
+notebook (``launch``) and the programs a notebook runs under it (``programs``). It imports
+the learner's library, ``gradaccum_lib``; the library never imports it."""
+
+
+import os
+from pathlib import Path
+
+__all__ = ["build_dir", "checkout"]
+
+#: overrides where the notebooks write their programs and results
+BUILD_VARIABLE = "GRADACCUM_BUILD"
+
+
+def build_dir() -> Path:
+    """Return the folder the notebooks write to, created: ``$GRADACCUM_BUILD`` if set, else
+    ``build/`` in :func:`checkout` (the same folder from an English notebook, its Chinese twin
+    or a solution)."""
+    chosen = os.environ.get(BUILD_VARIABLE)
+    folder = Path(chosen) if chosen else checkout() / "build"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def checkout() -> Path:
+    """Return the checkout of the series that holds the current folder: the nearest folder up
+    with a ``pyproject.toml`` and ``notebooks/`` (the current folder if none is)."""
+    here = Path.cwd().resolve()
+    return next((folder for folder in (here, *here.parents)
+                 if (folder / "pyproject.toml").is_file() and (folder / "notebooks").is_dir()),
+                here)

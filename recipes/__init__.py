@@ -1,0 +1,1 @@
+"""Training jobs built on gradaccum_lib, each run by plain ``torchrun`` (``recipes/<name>/``)."""
