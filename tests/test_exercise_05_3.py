@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gradaccum_course.exercises import _measure_ddp_windows, _WrongAnswer, check_exercise
+from gradaccum_course.exercises import _WrongAnswer, check_exercise
+from gradaccum_course.exercises.ex05 import _measure_ddp_windows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "workers"))
 import ddp_windows  # noqa: E402

@@ -268,7 +268,7 @@ def test_every_name_a_notebook_imports_from_the_exercises_is_there() -> None:
 
     imported = {name.strip() for path in NOTEBOOKS.glob("**/*.ipynb")
                 for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]
-                for names in re.findall(r"from gradaccum_lib\.notebook\.exercises import "
+                for names in re.findall(r"from gradaccum_course\.exercises import "
                                         r"([\w, ]+)", "".join(cell["source"]))
                 for name in names.split(",")}
     assert {"check_exercise", "BERT_BASE_CHINESE", "GIB"} <= imported
@@ -488,7 +488,7 @@ def test_every_solutions_check_line_is_said_in_chinese_in_the_twin_with_its_numb
 def test_the_mistaken_window_refuses_a_name_that_would_make_it_the_right_loop():
     """02.3's deliberately wrong loops run only as a named mistake: an unknown name would run
     a correct copy of the loop, which the library writes once (accumulate_window)."""
-    from gradaccum_course import exercises
+    from gradaccum_course.exercises import ex02
 
     with pytest.raises(ValueError, match="mistake must be one of 02.3's usual mistakes"):
-        exercises._run_window_step(exercises._mistaken_window, 1.0, mistake="typo")
+        ex02._run_window_step(ex02._mistaken_window, 1.0, mistake="typo")
