@@ -43,13 +43,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from gradaccum_course.agent import run_worker
-from gradaccum_course.audits.frameworks import _bare_loop
+from gradaccum_course.audits.frameworks import bare_loop
+from gradaccum_course.launch import run_worker
 from gradaccum_lib import split_into_micro_batches
 from gradaccum_lib.accumulation import accumulate_window
 from gradaccum_lib.distributed import init_distributed, process_group_session
 from gradaccum_lib.losses import sample_classification_loss
-from gradaccum_lib.measure.bench import Timing, _steady_allocator, paired_ratio, time_interleaved
+from gradaccum_lib.measure.bench import Timing, paired_ratio, steady_allocator, time_interleaved
 from gradaccum_lib.workloads.data import make_toy_classification
 from gradaccum_lib.workloads.models import make_mlp
 
@@ -126,7 +126,7 @@ def contenders(k: int, window: list, hidden_dim: int, windows_per_turn: int) -> 
                                                 sample_classification_loss)
 
     def plain(model: DistributedDataParallel, optimizer: torch.optim.Optimizer) -> Callable:
-        return _bare_loop(model, optimizer, k, mean_loss)
+        return bare_loop(model, optimizer, k, mean_loss)
 
     makers = {"library": library, "plain": plain, "exact_plain": exact_plain_loop,
               "exact_plain_copy": exact_plain_loop}
@@ -141,7 +141,7 @@ def main() -> int:
     parser.add_argument("--hidden-dim", type=int, default=1024)
     parser.add_argument("--json", required=True)
     arguments = parser.parse_args()
-    _steady_allocator()
+    steady_allocator()
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     if hasattr(os, "sched_setaffinity") and world_size <= len(os.sched_getaffinity(0)):
         # before the process group starts: gloo's threads, made then, inherit the core

@@ -4,7 +4,7 @@
     python benchmarks/run.py --quick    # tiny sizes: checks the harness, not the numbers
 
 Every comparison runs in one process, the contenders interleaved round by round (order
-rotated), after a warm-up, with glibc told to keep freed memory (``bench._steady_allocator``);
+rotated), after a warm-up, with glibc told to keep freed memory (``bench.steady_allocator``);
 contenders of the same kind trade their model copies every turn (:func:`trading_copies`), so
 that no copy's memory layout lands on one of them; ratios are medians of per-round ratios
 (``bench.paired_ratio``), times medians with min-max.
@@ -31,15 +31,15 @@ import torch
 from matplotlib.figure import Figure
 from torch import nn
 
-from gradaccum_course.audits.frameworks import _accelerate_loop, _bare_loop
+from gradaccum_course.audits.frameworks import accelerate_loop, bare_loop
 from gradaccum_course.launch import launch
 from gradaccum_lib import split_into_micro_batches
 from gradaccum_lib.accumulation import accumulate_window
 from gradaccum_lib.batches import Batch, LossFn, batch_size
 from gradaccum_lib.losses import bert_classification_loss, sample_classification_loss
-from gradaccum_lib.measure.bench import Timing, _steady_allocator, paired_ratio, time_interleaved
+from gradaccum_lib.measure.bench import Timing, paired_ratio, steady_allocator, time_interleaved
 from gradaccum_lib.measure.memory import activation_bytes, tensor_peak_bytes
-from gradaccum_lib.measure.planning import _fit_transformer_activations
+from gradaccum_lib.measure.planning import fit_transformer_activations
 from gradaccum_lib.workloads.data import (
     encode_records,
     load_emr_split,
@@ -161,7 +161,7 @@ def loop_overhead(name: str, make_model: Callable[[], nn.Module], batch: Batch, 
         copies = [(model, torch.optim.AdamW(model.parameters(), lr=1e-4))
                   for model in (make_model() for _ in range(3))]
         def bare(model: nn.Module, optimizer: torch.optim.Optimizer, k: int = k) -> Loop:
-            return _bare_loop(model, optimizer, k, mean_loss)
+            return bare_loop(model, optimizer, k, mean_loss)
 
         def library(model: nn.Module, optimizer: torch.optim.Optimizer) -> Loop:
             return library_loop(model, optimizer, loss_fn)
@@ -169,7 +169,7 @@ def loop_overhead(name: str, make_model: Callable[[], nn.Module], batch: Batch, 
         loops = trading_copies({"library": library, "bare": bare, "bare_copy": bare}, copies,
                                window, windows_per_turn)
         model = make_model()
-        run = _accelerate_loop(model, torch.optim.AdamW(model.parameters(), lr=1e-4), k,
+        run = accelerate_loop(model, torch.optim.AdamW(model.parameters(), lr=1e-4), k,
                               mean_loss)[0]
         loops["accelerate"] = lambda run=run, w=window: run(w)
         warm_up(loops, 3, windows_per_turn)
@@ -250,7 +250,7 @@ def memory_against_k(make_model: Callable[[], nn.Module], loss_fn: LossFn, batch
 def attention_share(vocab_size: int, config: dict[str, int], notes: dict,
                     lengths: tuple[int, int, int]) -> dict:
     """Return the activation model of a padded EMR note for a BERT of ``config``, fitted
-    exactly through ``lengths`` (:func:`_fit_transformer_activations`): its bytes per note at
+    exactly through ``lengths`` (:func:`fit_transformer_activations`): its bytes per note at
     the longest length and the share of them that is the s² (attention) term."""
     def measure(num_layers: int, length: int) -> int:
         model = make_tiny_bert(vocab_size, 10, max_length=lengths[-1],
@@ -262,7 +262,7 @@ def attention_share(vocab_size: int, config: dict[str, int], notes: dict,
                   "attention_mask": kept.long()[None], "labels": notes["labels"][:1]}
         return activation_bytes(model, bert_classification_loss, sample)
 
-    fit = _fit_transformer_activations(measure, lengths)
+    fit = fit_transformer_activations(measure, lengths)
     length, layers = lengths[-1], config["num_layers"]
     per_sample = fit.bytes_per_sample(length, layers)
     squared = layers * length * length * fit.per_layer_per_token_squared
@@ -514,9 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     arguments = parser.parse_args(argv)
     quick = arguments.quick
     readme_around_section(arguments.out / "README.md", START, END)  # before minutes of work
-    steady = _steady_allocator()
+    steady = steady_allocator()
     torch.manual_seed(0)
-    # where _accelerate_loop's Accelerator puts the model: every contender runs there
+    # where accelerate_loop's Accelerator puts the model: every contender runs there
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     ks = [1, 2, 4] if quick else [1, 2, 4, 8, 16]
     repeats = 3 if quick else 21

@@ -15,10 +15,11 @@ real run needs. On every rank, for its micro-batches of the global window:
 5. **clip** the accumulated gradient (not finite: an error, or GradScaler's skip);
 6. **step** the optimizer and, if it stepped, the scheduler, once.
 
-On several ranks the door's checks end with one small all-reduce of each rank's number of
-micro-batches, before any forward: a rank whose data ran out a window early (an empty window)
-makes every rank raise an error naming it, where the others would wait in a collective it never
-joins. Ranks are counted in DDP's own process group (``model.process_group``).
+No collective hides in a check: the loop's only collectives are DDP's (or FSDP2's) own and
+the one all-reduce of step 3. That every rank holds a window is the job of the program that
+makes the windows: :func:`gradaccum_lib.distributed.agree_on_windows`, once per epoch, makes
+every rank raise, naming the rank whose data runs out, where the others would otherwise wait
+in a collective it never joins.
 
 Why backward the sum and rescale after (torchtune's way) rather than count first
 (torchtitan's): under the series' contract ``loss_fn(model, micro_batch) -> (summed_loss,
@@ -26,16 +27,16 @@ num_items)`` the count comes out of the forward pass, so it is known only once e
 micro-batch has run, after the first backward. Summed losses add up to exactly the window's
 summed loss, and one multiply by ``world_size / items`` turns DDP's average over ranks into the
 mean over the window's items. The cost: one pass over the gradients a window. With fp16, a
-summed loss is ``items`` times a mean loss, so GradScaler settles on a scale that many times
-smaller (it skips about log2(items) steps to get there; start it at
-``init_scale=2**16 / items_per_window`` to skip none).
+summed loss is ``items`` times a mean loss, and fp16 overflows inside each micro-batch's own
+backward: GradScaler settles on a scale about ``items_per_micro_batch`` times smaller than for
+a mean loss (``init_scale=2**16 / items_per_micro_batch`` starts it near there).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -49,7 +50,7 @@ from .batches import (  # the loss contract
     NonFiniteLossError,
     loss_pair,
 )
-from .runtime import check_bool, check_model
+from .runtime import check_model
 
 __all__ = ["WindowResult", "accumulate_window"]
 
@@ -65,7 +66,7 @@ class WindowResult:
     stepped: bool
 
 
-def accumulate_window(  # noqa: PLR0913
+def accumulate_window(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     window: Sequence[Batch],
@@ -75,8 +76,6 @@ def accumulate_window(  # noqa: PLR0913
     scaler: torch.amp.GradScaler | None = None,
     max_grad_norm: float | None = None,
     autocast_dtype: torch.dtype | None = None,
-    sync_every_micro_step: bool = False,
-    after_backward: Callable[[int, float], None] | None = None,
 ) -> WindowResult:
     """Accumulate over ``window`` (this rank's micro-batches) and take one optimizer step.
 
@@ -84,73 +83,80 @@ def accumulate_window(  # noqa: PLR0913
     on is the mean over the window's items on every rank. Pass the model as you train it
     (plain, DDP with your comm hook, or ``fully_shard``-ed). ``scaler``: a GradScaler for
     fp16; ``autocast_dtype``: the forward's autocast dtype (bf16 or fp16).
-    ``sync_every_micro_step=True`` syncs every micro-step (the slow way, for comparison);
-    ``after_backward(micro_step, num_items)`` sees the summed gradients after each backward
-    (after the last one, already synced across ranks and not yet rescaled).
     """
     _check_arguments(model, optimizer, window, loss_fn, scheduler, scaler, max_grad_norm,
-                     autocast_dtype, sync_every_micro_step, after_backward)
+                     autocast_dtype)
     group = getattr(model, "process_group", None)  # DDP's group; None: the default one
-    world_size = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
-    device = next(model.parameters()).device  # nccl reduces tensors on the model's device
+    world_size = dist.get_world_size(group) if dist.is_initialized() else 1
+    on_totals = _totals_placement(model, group, world_size)  # the counts' dtype and device
     # made once, entered every micro-step (a disabled torch.autocast still costs its entry)
-    amp = (torch.autocast(device.type, autocast_dtype) if autocast_dtype is not None
-           else contextlib.nullcontext())
+    amp = (torch.autocast(next(model.parameters()).device.type, autocast_dtype)
+           if autocast_dtype is not None else contextlib.nullcontext())
     optimizer.zero_grad(set_to_none=True)
-    losses: list[Tensor] = []  # each micro-batch's summed loss, detached
-    counts: list[Tensor] = []  # and its items: tensors, so that nothing waits for the device
+    # each micro-batch's summed loss (detached) and items: tensors, so nothing waits for them
+    losses, counts = [], []
+    totals, work = torch.zeros(3), None  # set at the last micro-step: a window is never empty
     for micro_step, micro_batch in enumerate(window):
         last = micro_step == len(window) - 1
         # DDP's forward tells its reducer whether this backward syncs: set the flag BEFORE it
-        with _gradient_sync(model, last or sync_every_micro_step):
+        with _gradient_sync(model, sync=last):
             with amp:
-                summed_loss, num_items = loss_pair(loss_fn(model, micro_batch), micro_step)
-            if not summed_loss.requires_grad:
-                raise ValueError(f"the loss of micro-batch {micro_step} does not require "
-                                 "grad: loss_fn must not detach it or run under no_grad()")
+                summed_loss, num_items = loss_pair(loss_fn(model, micro_batch), micro_step,
+                                                   for_backward=True)
             losses.append(summed_loss.detach())
-            counts.append(torch.as_tensor(num_items, dtype=torch.float64, device=device))
+            counts.append(torch.as_tensor(num_items, **on_totals))
             if last:  # every count is known: the totals in one collective, run while the
                 # last backward runs: items, summed loss and the counts' negative part (not 0
                 # if a count is negative or NaN; an infinite count makes items infinite)
-                totals = torch.stack([torch.stack(counts).sum(), torch.stack(losses).double().sum(),
+                totals = torch.stack([torch.stack(counts).sum(),
+                                      torch.stack(losses).to(**on_totals).sum(),
                                       torch.stack(counts).clamp(max=0).sum()])
                 work = (dist.all_reduce(totals, group=group, async_op=True) if world_size > 1
                         else None)
             (summed_loss if scaler is None else scaler.scale(summed_loss)).backward()
-        if after_backward is not None:
-            after_backward(micro_step, float(num_items))
     if work is not None:
         work.wait()
-    items, loss_sum, bad = totals.tolist()
+    items, loss_sum, bad = totals.tolist()  # the window's one host sync
     if bad or not (math.isfinite(items) and math.isfinite(loss_sum)) or items <= 0:
         optimizer.zero_grad(set_to_none=True)
         _raise_bad_window(losses, counts, items, bad)
 
-    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    parameters = [p for param_group in optimizer.param_groups for p in param_group["params"]]
     if scaler is not None:
         scaler.unscale_(optimizer)  # once per window, before the rescale and the clip
     with torch.no_grad():  # DDP and FSDP2 averaged the sums over ranks: undo it, divide
         for parameter in parameters:
             if parameter.grad is not None:
                 parameter.grad.mul_(world_size / items)
-    if max_grad_norm is not None:
-        norm = torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
-    else:
-        norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
+    norm = (torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm) if max_grad_norm else
+            torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None]))
+    # under FSDP2 the norm is a DTensor of this rank's shards: full_tensor() sums the ranks'
     grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     if not math.isfinite(grad_norm) and scaler is None:  # no step; names the culprit
         _raise_non_finite_gradient(model, optimizer)
     if scaler is None:
         optimizer.step()
+        stepped = True
     else:
         scale = scaler.get_scale()
         scaler.step(optimizer)
         scaler.update()
-    stepped = scaler is None or scaler.get_scale() >= scale  # lower: inf/NaN found, skipped
+        stepped = scaler.get_scale() >= scale  # lower: it found an inf/NaN, skipped the step
     if stepped and scheduler is not None:
         scheduler.step()  # once per optimizer step, never per micro-batch
     return WindowResult(items, loss_sum / items, grad_norm, stepped)
+
+
+def _totals_placement(model: nn.Module, group: dist.ProcessGroup | None,
+                      world_size: int) -> dict[str, object]:
+    """Return the dtype and device of the window's totals, as keywords. The device is the one
+    the process group reduces on: with nccl, the current CUDA device, even when FSDP2 offloads
+    the parameters to the CPU; otherwise the parameters'. The dtype is float64 (counts exact
+    past 2**24 items), float32 on MPS, which has no float64."""
+    device = next(model.parameters()).device
+    if world_size > 1 and dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    return {"dtype": torch.float32 if device.type == "mps" else torch.float64, "device": device}
 
 
 def _gradient_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
@@ -178,8 +184,7 @@ def _fsdp2_sync(model: nn.Module, sync: bool) -> Iterator[None]:
 
 def _check_arguments(model: object, optimizer: object, window: object,  # noqa: PLR0913
                      loss_fn: object, scheduler: object, scaler: object, max_grad_norm: object,
-                     autocast_dtype: object, sync_every_micro_step: object,
-                     after_backward: object) -> None:
+                     autocast_dtype: object) -> None:
     """Raise a TypeError or ValueError naming the first bad argument."""
     check_model(model)
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -219,42 +224,17 @@ def _check_arguments(model: object, optimizer: object, window: object,  # noqa: 
     if autocast_dtype == torch.float16 and device_type == "cuda" and scaler is None:
         raise ValueError("autocast_dtype=torch.float16 on CUDA needs scaler="
                          "torch.amp.GradScaler('cuda'): fp16 gradients underflow without it")
-    check_bool("sync_every_micro_step", sync_every_micro_step)
-    if after_backward is not None and not callable(after_backward):
-        raise TypeError("after_backward must be None or callable as after_backward(micro_step, "
-                        f"num_items); got {type(after_backward).__name__}")
     group = getattr(model, "process_group", None)  # DDP's group; None: the default one
-    world_size = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
-    if not window and world_size == 1:  # on several ranks, every rank learns of it and stops
-        raise ValueError("window is empty; it needs at least one micro-batch")
+    world_size = dist.get_world_size(group) if dist.is_initialized() else 1
+    if not window:  # on several ranks the others would wait for this one: agree_on_windows
+        raise ValueError("window is empty; it needs at least one micro-batch (on several ranks, "
+                         "agree_on_windows once per epoch stops every rank before this)")
     if world_size > 1 and not (isinstance(model, nn.parallel.DistributedDataParallel)
                                or callable(getattr(model, "set_requires_gradient_sync", None))):
         raise ValueError(
             f"model is a plain {type(model).__name__} but the process group has {world_size} "
             "ranks: its gradients would never be synchronised and the ranks would drift apart; "
             "wrap it in DistributedDataParallel or shard it with fully_shard (FSDP2)")
-    if world_size > 1:  # before any forward (DDP's and FSDP2's run collectives), so that a
-        # rank whose data ran out stops every rank instead of leaving them in a collective
-        _agree_on_window(len(window), next(model.parameters()).device, group)
-
-
-def _agree_on_window(micro_batches: int, device: torch.device,
-                     group: dist.ProcessGroup | None) -> None:
-    """Share every rank's number of micro-batches (one all-reduce, before any forward); if a
-    rank has none (its data ran out a window early), raise on every rank, naming it: the others
-    would otherwise wait in a collective it never joins (gloo: "Connection closed by peer";
-    nccl: until the timeout)."""
-    sizes = torch.zeros(dist.get_world_size(group), dtype=torch.int64, device=device)
-    sizes[dist.get_rank(group)] = micro_batches
-    dist.all_reduce(sizes, group=group)
-    per_rank = sizes.tolist()
-    if 0 in per_rank:
-        empty = [rank for rank, size in enumerate(per_rank) if size == 0]
-        raise ValueError(
-            f"rank {', '.join(map(str, empty))} passed an empty window (micro-batches per rank: "
-            f"{per_rank}): its data ran out before the other ranks'. Every rank stops here; give "
-            "every rank the same number of windows (DistributedSampler pads its shards to equal "
-            "length; Accelerate has even_batches, DDP has join())")
 
 
 def _raise_bad_window(losses: list[Tensor], counts: list[Tensor], items: float,

@@ -27,7 +27,6 @@ __all__ = [
     "Batch",
     "as_micro_batch_list",
     "batch_size",
-    "check_batch_collection",
     "check_loss_output",
     "concatenate_micro_batches",
     "LossFn",
@@ -159,7 +158,7 @@ def split_into_micro_batches(
     return [_rebuild(batch, parts, index) for index in range(count)]
 
 
-def check_batch_collection(batches: object, label: str = "micro_batches") -> None:
+def _check_batch_collection(batches: object, label: str = "micro_batches") -> None:
     """Refuse what is ONE batch rather than an iterable of (micro-)batches: a Tensor would be
     taken row by row, a dict key by key, a string character by character."""
     if isinstance(batches, (Tensor, Mapping, str, bytes)) or not isinstance(batches, Iterable):
@@ -171,8 +170,8 @@ def check_batch_collection(batches: object, label: str = "micro_batches") -> Non
 
 def as_micro_batch_list(micro_batches: Iterable[Batch], label: str = "micro_batches",
                         ) -> list[Batch]:
-    """Return ``micro_batches`` as a list, after :func:`check_batch_collection`."""
-    check_batch_collection(micro_batches, label)
+    """Return ``micro_batches`` as a list, after checking it is a collection of batches."""
+    _check_batch_collection(micro_batches, label)
     return list(micro_batches)
 
 
@@ -202,10 +201,12 @@ def concatenate_micro_batches(micro_batches: Sequence[Batch]) -> Batch:
     return type(first)(parts)
 
 
-def loss_pair(output: object, micro_step: int) -> tuple[Tensor, Tensor | float]:
+def loss_pair(output: object, micro_step: int, *,
+              for_backward: bool = False) -> tuple[Tensor, Tensor | float]:
     """Return the ``(summed_loss, num_items)`` pair of a loss function's output, its kinds and
-    shapes checked and nothing read from the device (a tensor count stays a tensor): the
-    loop's per-micro-step check. :func:`check_loss_output` also reads and checks values."""
+    shapes checked (``for_backward``: and that the loss requires grad) and nothing read from
+    the device (a tensor count stays a tensor): the loop's per-micro-step check.
+    :func:`check_loss_output` also reads and checks values."""
     if not isinstance(output, tuple) or len(output) != 2:
         raise TypeError(
             "loss_fn must return a tuple (summed_loss, num_items); "
@@ -218,6 +219,9 @@ def loss_pair(output: object, micro_step: int) -> tuple[Tensor, Tensor | float]:
             "loss_fn's summed_loss must be a 0-dim Tensor (the SUM of per-item losses); "
             f"got {type(summed_loss).__name__} with shape {shape} at micro-batch {micro_step}"
         )
+    if for_backward and not summed_loss.requires_grad:
+        raise ValueError(f"the loss of micro-batch {micro_step} does not require grad: "
+                         "loss_fn must not detach it or run under no_grad()")
     if isinstance(num_items, Tensor):
         if num_items.numel() != 1:
             raise ValueError(
@@ -261,7 +265,7 @@ def windows_of(micro_batches: Iterable[Batch], accumulation_steps: int) -> Itera
     """Yield lists of ``accumulation_steps`` consecutive micro-batches; the last may be shorter.
     The arguments are checked at the call, not at the first window."""
     check_positive_int("accumulation_steps", accumulation_steps)
-    check_batch_collection(micro_batches)
+    _check_batch_collection(micro_batches)
     return _windows(micro_batches, accumulation_steps)
 
 

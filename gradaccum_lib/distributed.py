@@ -1,17 +1,18 @@
 """What a worker needs to take part in gradient accumulation across ranks: join the process
-group (gloo on CPU, nccl on CUDA) and leave it cleanly. How the loop skips DDP's gradient
-sync on a window's inner micro-steps is the loop's own (:mod:`gradaccum_lib.accumulation`).
+group (gloo on CPU, nccl on CUDA), agree once per epoch that every rank holds the same windows,
+and leave cleanly. How the loop skips DDP's gradient sync on a window's inner micro-steps is
+the loop's own (:mod:`gradaccum_lib.accumulation`).
 
 ``torchrun`` starts the processes; :func:`init_distributed` meets the other ranks through
 torchrun's store, or through the file that :func:`gradaccum_course.launch.launch` names in
 :data:`STORE_FILE_VARIABLE` (no TCP store listening on every interface). A worker's entry
-point, which makes it die with its agent, is :func:`gradaccum_course.agent.run_worker`.
+point, which makes it die with its agent, is :func:`gradaccum_course.launch.run_worker`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,6 +24,7 @@ import torch.distributed as dist
 __all__ = [
     "STORE_FILE_VARIABLE",
     "DistributedContext",
+    "agree_on_windows",
     "init_distributed",
     "process_group_session",
 ]
@@ -114,3 +116,42 @@ def process_group_session() -> Iterator[None]:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def agree_on_windows(model: torch.nn.Module, windows: Sequence[Sequence[object]]) -> None:
+    """Check, once per epoch and on every rank, that every rank holds as many windows and none
+    an empty one (and, under FSDP2, windows of equal length); raise the same error on every
+    rank, naming the rank, if not. One collective (``all_gather_object``), before any forward.
+
+    Why: a rank whose data runs out a window early stops calling the loop (or passes an empty
+    window), and the other ranks wait in a collective it never joins (gloo: "Connection closed
+    by peer"; nccl: until the timeout). FSDP2 all-gathers the parameters in every forward and
+    backward, so its ranks must also run as many micro-steps per window; DDP only all-reduces
+    on the last one, so there each rank may hold its own number (3 | 2 is exact).
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    group = getattr(model, "process_group", None)  # DDP's group; None: the default one
+    per_rank: list[list[int] | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(per_rank, [len(window) for window in windows], group=group)
+    counts = [len(sizes) for sizes in per_rank]
+    short = [rank for rank, count in enumerate(counts) if count < max(counts)]
+    if short:
+        raise ValueError(f"rank {', '.join(map(str, short))} holds fewer windows this epoch "
+                         f"(windows per rank: {counts}): its data runs out before the other "
+                         "ranks'. Every rank stops here; give every rank the same number of "
+                         "windows (DistributedSampler pads its shards to equal length; "
+                         "Accelerate has even_batches)")
+    for index, sizes in enumerate(zip(*per_rank, strict=True)):
+        empty = [rank for rank, size in enumerate(sizes) if size == 0]
+        if empty:
+            raise ValueError(f"rank {', '.join(map(str, empty))} holds an empty window "
+                             f"(window {index}, micro-batches per rank: {list(sizes)}): "
+                             "every rank stops here; each rank needs at least one micro-batch "
+                             "in every window")
+        if len(set(sizes)) > 1 and callable(getattr(model, "set_requires_gradient_sync", None)):
+            raise ValueError(f"window {index} holds {list(sizes)} micro-batches per rank under "
+                             "FSDP2, which all-gathers in every forward and backward, so its "
+                             "ranks must run as many micro-steps: give every rank the same "
+                             "number of micro-batches per window (pad the short rank with "
+                             "micro-batches of zero items)")

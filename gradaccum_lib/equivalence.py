@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -24,11 +25,8 @@ from .batches import (
     concatenate_micro_batches,
 )
 from .gradients import (
-    Gradients,
-    check_finite_gradients,
     check_gradient_dict,
     collected_gradients,
-    inputs_untouched,
     model_restored,
 )
 from .losses import info_nce_from_embeddings
@@ -68,16 +66,16 @@ def _check_loss_fn(loss_fn: object) -> None:
     _check_callable("loss_fn", loss_fn, "loss_fn(model, batch) -> (summed_loss, num_items)")
 
 
-def full_batch_gradients(model: nn.Module, loss_fn: LossFn, batch: Batch) -> Gradients:
+def full_batch_gradients(model: nn.Module, loss_fn: LossFn, batch: Batch) -> dict[str, Tensor]:
     """Return the gradient of the mean loss over ``batch``, computed in one forward/backward."""
     check_model(model)
     _check_loss_fn(loss_fn)
-    with model_restored(model), inputs_untouched([batch], model):
+    with model_restored(model), _inputs_untouched([batch], model):
         summed_loss, num_items = check_loss_output(loss_fn(model, batch), 0)
         if num_items <= 0:
             raise ValueError("batch covers no items (loss_fn returned num_items == 0)")
         _backward(summed_loss / num_items, 0)
-        check_finite_gradients(model, 0)
+        _check_finite_gradients(model, 0)
         return collected_gradients(model, 1.0)
 
 
@@ -90,7 +88,7 @@ def _check_window_items(total_items: float, micro_steps: int) -> None:
 
 
 def _accumulate_in_float32(model: nn.Module, loss_fn: LossFn,
-                           micro_batches: list[Batch]) -> Gradients:
+                           micro_batches: list[Batch]) -> dict[str, Tensor]:
     """16-bit models: each summed loss divided by one provisional normaliser, a power of two
     near the window's item count (exact), each micro-batch's gradient added into float32, and
     one rescale to the mean at the end (gradients are linear in the loss, so this is exact)."""
@@ -104,7 +102,7 @@ def _accumulate_in_float32(model: nn.Module, loss_fn: LossFn,
         if summed_loss.dtype in (torch.float16, torch.bfloat16):
             summed_loss = summed_loss.float()
         _backward(summed_loss / provisional, micro_step)
-        check_finite_gradients(model, micro_step)
+        _check_finite_gradients(model, micro_step)
         for name, parameter in trainable:
             if parameter.grad is not None:
                 sums[name] += parameter.grad.float()
@@ -125,7 +123,7 @@ def _accumulate_in_float32(model: nn.Module, loss_fn: LossFn,
 
 def accumulated_gradients(
     model: nn.Module, loss_fn: LossFn, micro_batches: Iterable[Batch]
-) -> Gradients:
+) -> dict[str, Tensor]:
     """Return the accumulated gradient of a window of micro-batches, weighted by item count.
 
     Each micro-batch is forwarded and backpropagated on its own (one graph alive at a time);
@@ -138,7 +136,7 @@ def accumulated_gradients(
     check_model(model)
     _check_loss_fn(loss_fn)
     micro_batches = as_micro_batch_list(micro_batches)
-    with model_restored(model), inputs_untouched(micro_batches, model):
+    with model_restored(model), _inputs_untouched(micro_batches, model):
         if not micro_batches:
             raise ValueError("micro_batches is empty; it needs at least one micro-batch")
         if any(p.dtype == torch.float16 for p in model.parameters() if p.requires_grad):
@@ -147,7 +145,7 @@ def accumulated_gradients(
         for micro_step, micro_batch in enumerate(micro_batches):
             summed_loss, num_items = check_loss_output(loss_fn(model, micro_batch), micro_step)
             _backward(summed_loss, micro_step)
-            check_finite_gradients(model, micro_step)
+            _check_finite_gradients(model, micro_step)
             total_items += num_items
         _check_window_items(total_items, len(micro_batches))
         return collected_gradients(model, total_items)
@@ -155,7 +153,7 @@ def accumulated_gradients(
 
 def averaged_micro_batch_gradients(
     model: nn.Module, loss_fn: LossFn, micro_batches: Iterable[Batch]
-) -> Gradients:
+) -> dict[str, Tensor]:
     """Return what most hand-written loops compute: the mean of each micro-batch's mean-loss
     gradient (``loss.mean() / k`` per micro-batch). Exact only when every micro-batch covers
     the same number of items.
@@ -166,7 +164,7 @@ def averaged_micro_batch_gradients(
     if not micro_batches:
         raise ValueError("micro_batches is empty; it needs at least one micro-batch")
     accumulation_steps = len(micro_batches)
-    with model_restored(model), inputs_untouched(micro_batches, model):
+    with model_restored(model), _inputs_untouched(micro_batches, model):
         for micro_step, micro_batch in enumerate(micro_batches):
             summed_loss, num_items = check_loss_output(loss_fn(model, micro_batch), micro_step)
             if num_items <= 0:
@@ -174,7 +172,7 @@ def averaged_micro_batch_gradients(
                     f"micro-batch {micro_step} covers no items, so its mean loss is undefined"
                 )
             _backward(summed_loss / num_items / accumulation_steps, micro_step)
-            check_finite_gradients(model, micro_step)
+            _check_finite_gradients(model, micro_step)
         return collected_gradients(model, 1.0)
 
 
@@ -284,7 +282,7 @@ def audit_update(
 
 def info_nce_cached_gradients(
     model: nn.Module, micro_batches: Iterable[Sequence[Tensor]], *, temperature: float = 0.5
-) -> Gradients:
+) -> dict[str, Tensor]:
     """Return the gradient of the FULL-batch InfoNCE loss while holding one micro-batch's
     graph at a time (gradient caching, Gao et al. 2021, arXiv:2101.06983).
 
@@ -302,7 +300,7 @@ def info_nce_cached_gradients(
                 and all(isinstance(t, Tensor) for t in pair)):
             raise TypeError(f"micro_batches[{index}] must be a pair of Tensors (anchors, "
                             f"positives); got {type(pair).__name__}")
-    with model_restored(model), inputs_untouched(micro_batches, model):
+    with model_restored(model), _inputs_untouched(micro_batches, model):
         with torch.no_grad():
             anchors = torch.cat([model(a) for a, _ in micro_batches])
             positives = torch.cat([model(p) for _, p in micro_batches])
@@ -323,3 +321,70 @@ def info_nce_cached_gradients(
             surrogate.backward()
             start = rows.stop
         return collected_gradients(model, 1.0)
+
+
+# The ground truth's guards: inputs left as found, gradients refused when not finite. --------
+
+def _input_leaves(batches: Iterable[object], model: nn.Module) -> list[Tensor]:
+    """Leaf tensors outside ``model`` that require grad and that the batches' tensors come from
+    (an input leaf itself, or the leaf a micro-batch is a view of): backward would write their
+    ``.grad``."""
+    stack, tensors = list(batches), []
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Tensor):
+            tensors.append(item)
+        elif isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    leaves = {id(t): t for t in tensors if t.requires_grad and t.is_leaf}
+    nodes, seen = [t.grad_fn for t in tensors if t.requires_grad and not t.is_leaf], set()
+    while nodes:
+        node = nodes.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, Tensor):
+            leaves[id(variable)] = variable
+        nodes.extend(next_node for next_node, _ in node.next_functions)
+    own = {id(p) for p in model.parameters()}
+    return [leaf for key, leaf in leaves.items() if key not in own]
+
+
+@contextmanager
+def _inputs_untouched(batches: Iterable[object], model: nn.Module) -> Iterator[None]:
+    """Restore the ``.grad`` of the batches' leaf tensors that require grad (see above)."""
+    saved = [(leaf, leaf.grad) for leaf in _input_leaves(batches, model)]
+    for leaf, _ in saved:
+        leaf.grad = None  # else backward would add into the caller's tensor in place
+    try:
+        yield
+    finally:
+        for leaf, grad in saved:
+            leaf.grad = grad
+
+
+def _first_non_finite(model: nn.Module) -> str | None:
+    """Return the name of the first parameter whose ``.grad`` holds a NaN or an inf, or None
+    (an FSDP2 shard is checked whole: every rank must call it)."""
+    for name, parameter in model.named_parameters():
+        grad = parameter.grad
+        if grad is None:
+            continue
+        grad = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
+        if not bool(torch.isfinite(grad.coalesce().values() if grad.is_sparse else grad).all()):
+            return name
+    return None
+
+
+def _check_finite_gradients(model: nn.Module, micro_step: int) -> None:
+    """Raise a ValueError naming the first parameter whose ``.grad`` holds a NaN or an inf."""
+    name = _first_non_finite(model)
+    if name is not None:
+        raise ValueError(
+            f"the gradient of parameter {name!r} is not finite (NaN or inf) after micro-batch "
+            f"{micro_step}; refusing to return it (a 16-bit model overflowing, or a loss "
+            "whose backward divides by zero)"
+        )

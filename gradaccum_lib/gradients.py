@@ -5,9 +5,6 @@ functions (:mod:`gradaccum_lib.equivalence`, which re-exports them) and of the a
 - :func:`model_restored` clears ``.grad`` for its body, then restores every parameter's
   ``.grad`` (the same tensor objects), the buffers and each module's train/eval mode, whether
   the body returns or raises;
-- :func:`inputs_untouched` restores the ``.grad`` of the leaf tensors outside the model that
-  a batch holds or is a view of (backward would write into them);
-- :func:`check_finite_gradients` refuses a NaN or infinite ``.grad``, naming the parameter;
 - :func:`max_gradient_difference` and :func:`flatten_gradients` compare and flatten two sets.
 
 The ground truth shares no code with the loop it judges (beyond the loss contract): the
@@ -26,18 +23,12 @@ from torch import Tensor, nn
 from .runtime import check_bool
 
 __all__ = [
-    "Gradients",
-    "check_finite_gradients",
     "check_gradient_dict",
     "collected_gradients",
     "flatten_gradients",
-    "inputs_untouched",
     "max_gradient_difference",
     "model_restored",
 ]
-
-Gradients = dict[str, Tensor]
-
 
 @contextmanager
 def model_restored(model: nn.Module) -> Iterator[None]:
@@ -62,7 +53,7 @@ def model_restored(model: nn.Module) -> Iterator[None]:
             module.training = training
 
 
-def collected_gradients(model: nn.Module, divisor: float) -> Gradients:
+def collected_gradients(model: nn.Module, divisor: float) -> dict[str, Tensor]:
     """Each trainable parameter's ``.grad`` / ``divisor`` (zeros where none arrived), cloned."""
     gradients = {}
     for name, parameter in model.named_parameters():
@@ -73,71 +64,6 @@ def collected_gradients(model: nn.Module, divisor: float) -> Gradients:
         else:
             gradients[name] = parameter.grad.detach() / divisor
     return gradients
-
-
-def _input_leaves(batches: Iterable[object], model: nn.Module) -> list[Tensor]:
-    """Leaf tensors outside ``model`` that require grad and that the batches' tensors come from
-    (an input leaf itself, or the leaf a micro-batch is a view of): backward would write their
-    ``.grad``."""
-    stack, tensors = list(batches), []
-    while stack:
-        item = stack.pop()
-        if isinstance(item, Tensor):
-            tensors.append(item)
-        elif isinstance(item, Mapping):
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    leaves = {id(t): t for t in tensors if t.requires_grad and t.is_leaf}
-    nodes, seen = [t.grad_fn for t in tensors if t.requires_grad and not t.is_leaf], set()
-    while nodes:
-        node = nodes.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        variable = getattr(node, "variable", None)
-        if isinstance(variable, Tensor):
-            leaves[id(variable)] = variable
-        nodes.extend(next_node for next_node, _ in node.next_functions)
-    own = {id(p) for p in model.parameters()}
-    return [leaf for key, leaf in leaves.items() if key not in own]
-
-
-@contextmanager
-def inputs_untouched(batches: Iterable[object], model: nn.Module) -> Iterator[None]:
-    """Restore the ``.grad`` of the batches' leaf tensors that require grad (see above)."""
-    saved = [(leaf, leaf.grad) for leaf in _input_leaves(batches, model)]
-    for leaf, _ in saved:
-        leaf.grad = None  # else backward would add into the caller's tensor in place
-    try:
-        yield
-    finally:
-        for leaf, grad in saved:
-            leaf.grad = grad
-
-
-def _first_non_finite(model: nn.Module) -> str | None:
-    """Return the name of the first parameter whose ``.grad`` holds a NaN or an inf, or None
-    (an FSDP2 shard is checked whole: every rank must call it)."""
-    for name, parameter in model.named_parameters():
-        grad = parameter.grad
-        if grad is None:
-            continue
-        grad = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
-        if not bool(torch.isfinite(grad.coalesce().values() if grad.is_sparse else grad).all()):
-            return name
-    return None
-
-
-def check_finite_gradients(model: nn.Module, micro_step: int) -> None:
-    """Raise a ValueError naming the first parameter whose ``.grad`` holds a NaN or an inf."""
-    name = _first_non_finite(model)
-    if name is not None:
-        raise ValueError(
-            f"the gradient of parameter {name!r} is not finite (NaN or inf) after micro-batch "
-            f"{micro_step}; refusing to return it (a 16-bit model overflowing, or a loss "
-            "whose backward divides by zero)"
-        )
 
 
 def _checked_pair(grads_a: Mapping[str, Tensor], grads_b: Mapping[str, Tensor]) -> None:

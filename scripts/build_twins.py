@@ -288,28 +288,11 @@ def localize_feedback(cell: dict) -> None:
         for line in text.split("\n"):
             correct = CORRECT.match(line)
             if NO_ANSWER.match(line):
-                line = exercises._no_answer_message(exercise_id, "zh")
+                line = exercises.no_answer_message(exercise_id, "zh")
             elif correct:
-                line = exercises._correct_message(exercise_id, correct.group(1), "zh")
+                line = exercises.correct_message(exercise_id, correct.group(1), "zh")
             lines.append(line)
         output["text"] = "\n".join(lines)
-
-
-#: a relative path to the repository's build/ folder in a code cell ("../build/x.py" from
-#: notebooks/): a twin sits one folder deeper (notebooks/zh/), so its cells reach one level up
-#: more, and running a twin writes to build/ too, not to a build/ beside the notebooks
-BUILD_PATH = re.compile(r"(?<![\w./])((?:\.\./)+build\b)")
-
-
-def rewrite_build_paths(cell: dict) -> None:
-    """Point a code cell's relative paths to build/ (source and printed text) from the twin's
-    folder, one level deeper than the English notebook's."""
-    cell["source"] = [BUILD_PATH.sub(r"../\1", line) for line in cell["source"]]
-    for output in cell.get("outputs", []):
-        if "text" in output:
-            text = output["text"]
-            output["text"] = (BUILD_PATH.sub(r"../\1", text) if isinstance(text, str)
-                              else [BUILD_PATH.sub(r"../\1", line) for line in text])
 
 
 def english_link(notebook: PurePosixPath) -> str:
@@ -333,7 +316,6 @@ def build_twin(notebook_path: Path, linker: Linker | None = None) -> dict:
         if cell["cell_type"] == "code":
             rewrite_output_links(cell, name, linker)
             localize_feedback(cell)
-            rewrite_build_paths(cell)
             localize_output(cell, entries)
         if cell["cell_type"] != "markdown":
             continue

@@ -8,7 +8,7 @@ README-gpu.md (the README's CUDA section and a `gpu` column for README.md's note
 
 1. peak memory of one accumulated AdamW step per k at a fixed effective batch, for the tiny
    BERT and a BERT-base-sized model (hidden 768, 12 layers, 12 heads) at s = 512: the CUDA
-   allocator's peak (``torch.cuda.max_memory_allocated`` via ``memory._cuda_peak_bytes``), its
+   allocator's peak (``torch.cuda.max_memory_allocated`` via ``memory.cuda_peak_bytes``), its
    growth over what was allocated before the step, and the step's tensors counted as on the CPU
    (``memory.tensor_peak_bytes``);
 2. the loop's (``accumulate_window``) fp32, bf16 and fp16 + GradScaler paths against the fp32
@@ -21,9 +21,10 @@ README-gpu.md (the README's CUDA section and a `gpu` column for README.md's note
 5. the code readers copy, under nccl (one process per GPU, at most 4): 09's card program
    (``accumulate_window``: the large batch's step to 1e-12 in float64; in fp16 with a
    GradScaler: within 1% of the fp32 update) and 05's plain DDP loop against
-   ``accumulate_window``'s run (``gradaccum_course/programs/ddp.py``, the same samples and split: 1e-12), each
+   ``accumulate_window``'s run (``gradaccum_course.programs.ddp``, the same samples and split:
+   1e-12), each
    launched as the notebooks launch them;
-6. DDP's own gradient memory per k (``gradaccum_course/programs/memory_probe.py``): bytes held after a
+6. DDP's own gradient memory per k (``gradaccum_course.programs.memory_probe``): bytes held after a
    window's last backward with DDP's default and with ``gradient_as_bucket_view=True``,
    counted and by the CUDA allocator, against the budget model's bucket copy
    (``memory_budget(..., ddp_bucket_copy=True)``);
@@ -108,6 +109,26 @@ MAX_SKIPPED_STEPS = 24  # GradScaler halves its scale on each overflow: 2^16 -> 
 
 # ----------------------------------------------------------------------------- no CUDA
 
+def cuda_peak_bytes(step: Callable[[], object], device: torch.device | str = "cuda") -> int | None:
+    """Return the CUDA allocator's peak bytes while ``step()`` runs (None without CUDA)."""
+    if not callable(step):
+        raise TypeError(f"step must be a callable taking no argument; got {type(step).__name__}")
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a device name or a torch.device; got {device!r}")
+    try:
+        device_type = torch.device(device).type
+    except RuntimeError:
+        raise ValueError(f"device must be a device name such as 'cuda' or 'cuda:1'; got "
+                         f"{device!r}") from None
+    if not torch.cuda.is_available() or device_type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device)
+
+
 def no_cuda_message() -> str | None:
     """Return why this machine cannot run the check (no CUDA device), or None if it can."""
     if torch.cuda.is_available():
@@ -134,7 +155,7 @@ def written_program(notebook: str, name: str) -> str:
     notebook: a fresh clone has no build/."""
     # plain JSON, not nbformat: a GPU machine's image may have torch but no Jupyter
     cells = json.loads((NOTEBOOKS / notebook).read_text(encoding="utf-8"))["cells"]
-    header = f"%%writefile ../build/{name}"
+    header = f"%%writefile {{BUILD}}/{name}"
     for cell in cells:
         source = "".join(cell["source"])
         if cell["cell_type"] == "code" and source.startswith(header):
@@ -351,13 +372,12 @@ def model_factory(config: Mapping[str, int], length: int,
 def cuda_growth_bytes(step: Callable[[], object]) -> int | None:
     """Return the CUDA allocator's peak during ``step()`` minus what was allocated before it
     (None without CUDA)."""
-    from gradaccum_lib.measure.memory import _cuda_peak_bytes
 
     if not torch.cuda.is_available():
         return None
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
-    peak = _cuda_peak_bytes(step)
+    peak = cuda_peak_bytes(step)
     return None if peak is None else peak - before
 
 
@@ -369,10 +389,10 @@ def peak_memory_rows(name: str, make_model: Callable[[], torch.nn.Module], batch
     from gradaccum_lib import split_into_micro_batches
     from gradaccum_lib.batches import batch_size
     from gradaccum_lib.losses import bert_classification_loss
-    from gradaccum_lib.measure.memory import _cuda_peak_bytes, activation_bytes, tensor_peak_bytes
+    from gradaccum_lib.measure.memory import activation_bytes, tensor_peak_bytes
 
     run = benchmarks_run()
-    measures = {"cuda_peak_bytes": _cuda_peak_bytes, "cuda_growth_bytes": cuda_growth_bytes,
+    measures = {"cuda_peak_bytes": cuda_peak_bytes, "cuda_growth_bytes": cuda_growth_bytes,
                 "tensor_peak_bytes": tensor_peak_bytes}
     rows = []
     for k in ks:  # nothing else of ours on the device meanwhile: the allocator's peak is the step's

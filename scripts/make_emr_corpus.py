@@ -19,13 +19,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from gradaccum_lib.runtime import check_positive_int
-from gradaccum_lib.workloads.data import (
-    _DATA_DIR,
-    _SPECIAL_TOKENS,
-    _SPLITS,
-    LABELS,
-    corpus_statistics,
-)
+from gradaccum_lib.workloads.data import LABELS, corpus_statistics, load_emr_split
+
+#: where the package reads the corpus: this checkout's data/
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+#: the tokenizer's special tokens, first in the vocabulary ([PAD] first: id 0)
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 #: (diagnosis, prior weight, symptoms, signs, tests, drugs, history). Vocabularies overlap on
 #: purpose (cough, chest pain, dizziness, abdominal pain ... belong to several diagnoses).
@@ -97,10 +96,17 @@ _DIAGNOSES: tuple[tuple[str, float, tuple[str, ...], tuple[str, ...], tuple[str,
 SPLITS: dict[str, tuple[int, int]] = {  # split: (notes, seed)
     "train": (2000, 11), "validation": (300, 12), "test": (300, 13),
 }
-if tuple(entry[0] for entry in _DIAGNOSES) != LABELS or tuple(SPLITS) != _SPLITS:
-    raise RuntimeError("the diagnoses or splits above differ from gradaccum_lib.workloads.data's "
-                       "LABELS and splits, which the package reads (labels by index): keep them "
-                       "the same, in the same order")
+if tuple(entry[0] for entry in _DIAGNOSES) != LABELS:
+    raise RuntimeError("the diagnoses above differ from gradaccum_lib.workloads.data's LABELS, "
+                       "which the package reads (labels by index): keep them the same, in the "
+                       "same order")
+for _split in SPLITS:  # the package's reader refuses a split name it does not know
+    try:
+        load_emr_split(_split, DATA_DIR / "..")  # a folder without the file: only the name
+    except FileNotFoundError:
+        pass
+    except ValueError as unknown:
+        raise RuntimeError(f"the splits above differ from the package's: {unknown}") from None
 
 _SHARED_NOISE = ("睡眠欠佳", "精神可", "饮食尚可", "大小便正常", "体重无明显变化", "精神差")
 
@@ -196,7 +202,7 @@ def _build_vocabulary(texts: Iterable[str]) -> list[str]:
     """
     characters = sorted({char for text in texts for char in text if not char.isspace()})
     pieces = [f"##{char}" for char in characters if not _is_cjk(char)]
-    return [*_SPECIAL_TOKENS, *characters, *pieces]
+    return [*SPECIAL_TOKENS, *characters, *pieces]
 
 
 def _is_cjk(char: str) -> bool:
@@ -281,8 +287,8 @@ pieces for non-CJK characters).
 In tokens: the vocabulary holds one token per character (CJK characters, and `##` pieces for
 the others), so a note is its count of non-space characters plus `[CLS]` and `[SEP]`: the
 longest note is {longest} tokens (a test checks this with the shipped tokenizer). The article
-this series answers uses records of 512 tokens; `python -m recipes.emr_classification.train --max-length
-512` pads these notes to that length.
+this series answers uses records of 512 tokens; `python -m recipes.emr_classification.train
+--max-length 512` pads these notes to that length.
 
 ## License
 
@@ -302,8 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python scripts/make_emr_corpus.py",
         description="Write the synthetic EMR corpus (three JSONL splits, vocab.txt and the "
                     "datasheet README.md) into DIRECTORY.")
-    parser.add_argument("directory", nargs="?", default=str(_DATA_DIR),
-                        help=f"where to write (default: the shipped {_DATA_DIR})")
+    parser.add_argument("directory", nargs="?", default=str(DATA_DIR),
+                        help=f"where to write (default: the shipped {DATA_DIR})")
     parser.add_argument("--force", action="store_true",
                         help="also write into a directory that holds other files (its "
                              "README.md is overwritten)")

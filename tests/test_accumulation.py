@@ -100,22 +100,23 @@ def test_token_windows_with_uneven_counts_equal_the_large_batch():
     assert _max_parameter_difference(*models) <= 1e-12
 
 
-def test_stale_gradients_do_not_leak_in_and_after_backward_sees_the_running_sum():
+def test_stale_gradients_do_not_leak_in_and_each_backward_adds_to_the_running_sum():
     clean, _, _ = _train([_windows("uneven")[0], *_windows(4)[1:]], epochs=1)
     model, optimizer, options = _setup()
     for parameter in model.parameters():
         parameter.grad = torch.ones_like(parameter)
-    seen = []
+    seen = []  # the bias's .grad each time the loop asks for a loss: after the previous backward
 
-    def after_backward(micro_step, num_items):
-        seen.append((micro_step, num_items, model[0].bias.grad.clone()))
+    def loss_fn(model, micro_batch):
+        grad = model[0].bias.grad
+        seen.append(None if grad is None else grad.clone())
+        return sample_classification_loss(model, micro_batch)
 
     window = _windows("uneven")[0]  # 11, 11, 10 items
-    accumulate_window(model, optimizer, window, sample_classification_loss,
-                      after_backward=after_backward, **options)
-    assert [(step, items) for step, items, _ in seen] == [(0, 11.0), (1, 11.0), (2, 10.0)]
+    accumulate_window(model, optimizer, window, loss_fn, **options)
+    assert seen[0] is None  # zeroed (set to None): the stale ones never reach the sum
     reference = make_mlp(8, 16, 3, seed=0, dtype=torch.float64)
-    for micro_batch, (_, _, grad) in zip(window, seen, strict=True):
+    for micro_batch, grad in zip(window[:-1], seen[1:], strict=True):
         sample_classification_loss(reference, micro_batch)[0].backward()  # summed, no divide
         assert torch.allclose(grad, reference[0].bias.grad, rtol=1e-12, atol=0)
     for window in _windows(4)[1:]:
@@ -302,10 +303,10 @@ def test_every_rank_raises_and_ddp_and_fsdp2_equal_the_ground_truth():
     assert hooked["hook_syncs_per_window"] == [1, 1, 1, 1]
     assert hooked["slot_after"].startswith("taken")
     assert result["ddp"]["slot_after"] == "free"  # the loop registered no hook of its own
-    # the loop's own collectives: two small all_reduces a window (the ranks' micro-batch
-    # counts before the first forward, the totals after the last); DDP's C++ hook is not seen
-    assert result["ddp"]["all_reduces_per_window"] == [2, 2, 2, 2]
-    assert hooked["all_reduces_per_window"] == [3, 3, 3, 3]
+    # the loop's own collective: one small all_reduce a window (the totals, during the last
+    # backward); DDP's C++ hook is not seen; the user's hook is
+    assert result["ddp"]["all_reduces_per_window"] == [1, 1, 1, 1]
+    assert hooked["all_reduces_per_window"] == [2, 2, 2, 2]
     # a NaN on rank 1 only: both ranks raise (rank 1 names its micro-batch), no step anywhere
     for kind in ("ddp", "fsdp2"):
         nan = result[f"nan, {kind}"]
@@ -319,16 +320,23 @@ def test_every_rank_raises_and_ddp_and_fsdp2_equal_the_ground_truth():
         "returned an invalid one",
         "ValueError: loss_fn's num_items must be finite and >= 0; got -1.0 at micro-batch 1"]
     assert count["stepped"] == [False, False]
-    # rank 1's data ran out (an empty window): both ranks raise at once, naming rank 1, and
-    # neither steps; without the loop's agreement rank 0 died in gloo ("Connection closed by
-    # peer") or, under nccl, would wait for the collective's timeout
+    # agree_on_windows, once per epoch: rank 1's data ran out (2 | 0), or it stops calling a
+    # window early, or FSDP2 at 3 | 2 micro-batches: every rank raises the same error, naming
+    # rank 1, within 10 s; DDP at 3 | 2 is exact
     for kind in ("ddp", "fsdp2"):
-        empty = result[f"empty, {kind}"]
-        assert empty["raised"] == ["ValueError: rank 1 passed an empty window (micro-batches per "
-                                   "rank: [2, 0]): " + empty["raised"][0].split("]): ", 1)[1]] * 2
-        assert "data ran out" in empty["raised"][0], empty
-        assert empty["stepped"] == [False, False], empty
-        assert max(empty["seconds"]) < 10, empty
+        for name, says in (("empty", "rank 1 holds an empty window (window 0, micro-batches "
+                                     "per rank: [2, 0])"),
+                           ("stops", "rank 1 holds fewer windows this epoch (windows per rank: "
+                                     "[2, 1])")):
+            case = result[f"{name}, {kind}"]
+            assert case["raised"][0] == case["raised"][1], case
+            assert case["raised"][0].startswith(f"ValueError: {says}"), case
+            assert max(case["seconds"]) < 10, case
+    uneven = result["3 | 2, fsdp2"]
+    assert uneven["raised"] == ["ValueError: window 0 holds [3, 2] micro-batches per rank under "
+                                "FSDP2" + uneven["raised"][0].split("FSDP2", 1)[1]] * 2, uneven
+    assert result["3 | 2, ddp"]["raised"] == ["no error", "no error"]
+    assert result["3 | 2, ddp, gradient error"] <= 1e-12
 
 
 class _CountOps(TorchDispatchMode):

@@ -244,14 +244,14 @@ def test_hf_model_loss_gradients_divides_by_k_or_passes_the_window_count():
 def test_the_benchmarks_accelerate_loop_steps_as_the_bare_loop(emr_window):
     import copy
 
-    from gradaccum_course.audits.frameworks import _accelerate_loop, _bare_loop
+    from gradaccum_course.audits.frameworks import accelerate_loop, bare_loop
 
     model, batch = emr_window
     # 8 micro-batches, two full windows (the loop counts windows by calls: it has no data end)
     parts = split_into_micro_batches(batch, micro_batch_size=3)
     bare, accelerated = copy.deepcopy(model), copy.deepcopy(model)
-    _bare_loop(bare, SGD(bare.parameters()), 4)(parts)
-    run, prepared = _accelerate_loop(accelerated, SGD(accelerated.parameters()), 4)
+    bare_loop(bare, SGD(bare.parameters()), 4)(parts)
+    run, prepared = accelerate_loop(accelerated, SGD(accelerated.parameters()), 4)
     run(parts)
     before = dict(model.named_parameters())
     moved = {name: (p - before[name]).abs().max().item() for name, p in bare.named_parameters()}

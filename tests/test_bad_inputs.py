@@ -41,6 +41,7 @@ from recipes.emr_classification.checkpoints import (
 )
 
 make_emr_corpus = load_script("scripts/make_emr_corpus.py")
+gpu_check = load_script("scripts/gpu_check.py")
 
 INPUTS, LABELS = data.make_toy_classification(8, 6, 3, seed=0)
 BATCH = (INPUTS, LABELS)
@@ -493,7 +494,7 @@ CASES = [
         r"tensors must be an iterable of Tensors .* got Tensor"),
     row("tensor-bytes-item", lambda tmp: memory._tensor_bytes([torch.zeros(3), 4]), T,
         r"tensors\[1\] must be a Tensor; got int"),
-    row("cuda-peak-step-not-callable", lambda tmp: memory._cuda_peak_bytes(3), T,
+    row("cuda-peak-step-not-callable", lambda tmp: gpu_check.cuda_peak_bytes(3), T,
         r"step must be a callable taking no argument; got int"),
     # ---- planning (one device) and cluster
     row("step-time-negative", lambda tmp: planning.StepTimeModel(-1.0, 0.0), V,
@@ -529,10 +530,10 @@ CASES = [
         r"activation_bytes_per_sample must be > 0; got 0\.0"),
     row("steps-for-world-0", lambda tmp: planning.accumulation_steps_for(256, 4, world_size=0),
         V, r"world_size must be a positive int; got 0"),
-    row("fit-activations-lengths", lambda tmp: planning._fit_transformer_activations(
+    row("fit-activations-lengths", lambda tmp: planning.fit_transformer_activations(
         lambda n, s: 1, lengths=(64, 32, 128)), V,
         r"lengths must be three increasing positive ints; got \(64, 32, 128\)"),
-    row("fit-activations-measure-nan", lambda tmp: planning._fit_transformer_activations(
+    row("fit-activations-measure-nan", lambda tmp: planning.fit_transformer_activations(
         lambda n, s: float("nan")), T,
         r"measure\(1, 32\) \(bytes\) must be an int >= 0; got nan of type float"),
     row("activations-nan", lambda tmp: planning._TransformerActivations(
@@ -730,10 +731,6 @@ CASES = [
         r"max_grad_norm must be a finite number > 0 or None; got True"),
     row("window-autocast-fp32", lambda tmp: _window(autocast_dtype=torch.float32), V,
         r"autocast_dtype must be None, torch\.bfloat16 or torch\.float16; got torch\.float32"),
-    row("window-sync-str", lambda tmp: _window(sync_every_micro_step="yes"), T,
-        r"sync_every_micro_step must be True or False; got 'yes'"),
-    row("window-after-backward-int", lambda tmp: _window(after_backward=3), T,
-        r"after_backward must be None or callable .* got int"),
     row("window-mixed-dtypes", lambda tmp: accumulate_window(
         nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2).double()), None, PARTS, LOSS), V,
         r"mixed dtypes \('0\.weight' is torch\.float32, '1\.weight' is torch\.float64\)"),

@@ -15,11 +15,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
+
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOP = ROOT / "gradaccum_lib" / "accumulation.py"
-COUNT = "counts.append(torch.as_tensor(num_items, dtype=torch.float64, device=device))"
+COUNT = "counts.append(torch.as_tensor(num_items, **on_totals))"
 
 GUARD = """\
 import importlib.util, json, sys
@@ -81,5 +84,36 @@ def test_the_loop_hands_collectives_tensors_on_the_models_device(tmp_path):
 def test_a_copy_with_its_count_tensor_on_the_default_device_fails_the_guard(tmp_path):
     source = LOOP.read_text()
     assert source.count(COUNT) == 1  # the one count tensor the loop builds from a number
-    result = _guarded(source.replace(COUNT, COUNT.replace(", device=device", "")), tmp_path)
+    result = _guarded(source.replace(COUNT, COUNT.replace("**on_totals", "dtype=torch.float64")),
+                      tmp_path)
     assert result != "ok" and "meta" in result, result
+
+
+class _OnDevice(torch.nn.Module):
+    """A stand-in whose one parameter claims ``device``: what the placement reads of a model."""
+
+    def __init__(self, device: str) -> None:
+        super().__init__()
+        self.device = torch.device(device)
+
+    def parameters(self, recurse: bool = True):  # noqa: ANN201
+        yield types.SimpleNamespace(device=self.device)
+
+
+def test_the_totals_follow_the_backend_not_the_parameters(monkeypatch):
+    """Under nccl the window's totals go to the current CUDA device even when the parameters
+    sit on the CPU (FSDP2's CPU offload); on MPS they are float32 (it has no float64). Neither
+    device is here: the placement is read, no tensor is made."""
+    from gradaccum_lib import accumulation
+
+    cpu = _OnDevice("cpu")
+    assert accumulation._totals_placement(cpu, None, 1) == {"dtype": torch.float64,
+                                                             "device": torch.device("cpu")}
+    monkeypatch.setattr(accumulation.dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(accumulation.torch.cuda, "current_device", lambda: 3)
+    assert accumulation._totals_placement(cpu, None, 2)["device"] == torch.device("cuda", 3)
+    assert accumulation._totals_placement(cpu, None, 1)["device"] == torch.device("cpu")
+    monkeypatch.setattr(accumulation.dist, "get_backend", lambda group=None: "gloo")
+    assert accumulation._totals_placement(cpu, None, 2)["device"] == torch.device("cpu")
+    assert accumulation._totals_placement(_OnDevice("mps"), None, 1) == {
+        "dtype": torch.float32, "device": torch.device("mps")}

@@ -31,6 +31,12 @@ NO_GPU = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no CUDA, even on a GPU ma
 
 # ----------------------------------------------------------------------------- (a) no CUDA
 
+def test_cuda_peak_bytes_is_none_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert gpu_check.cuda_peak_bytes(lambda: None) is None
+
+
 def test_without_cuda_the_script_exits_2_at_once_and_says_what_to_do():
     started = time.monotonic()
     result = subprocess.run([sys.executable, str(SCRIPT)], env=NO_GPU, cwd=ROOT,

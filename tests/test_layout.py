@@ -1,8 +1,12 @@
-"""The package's layout, as docs/library.md draws it (issues 30 and 36): files cut by how they
-are read, not by size. The core imports no wing; the loop is one function of about 60 lines of
-code, and following a window to ``optimizer.step()`` reads it and at most its sync helper; the
-sync flag is set in that loop only (and in the peers held against it); functions stay short; a
-public name is one something outside its module uses."""
+"""The three homes, as DESIGN.md and docs/library.md draw them (issue 48): the learner's
+library (``gradaccum_lib``, at most 3,600 lines and 100 public names), the course that serves
+the notebooks (``gradaccum_course``) and the recipe (``recipes/emr_classification``). The
+library imports neither of the others and the recipe not the course; no private name crosses a
+module; the core imports no wing; the loop is one function of at most 55 lines of code and 8
+parameters, and following a window to ``optimizer.step()`` reads it and at most its sync
+helper; no other library function both backpropagates and steps; the sync flag is set in that
+loop only (and in the peers held against it); functions stay short; a public name is one
+something outside its module uses."""
 
 from __future__ import annotations
 
@@ -15,15 +19,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gradaccum_lib"
-WINGS = ("audits", "jobs", "measure", "notebook", "workloads")
+COURSE, RECIPES = ROOT / "gradaccum_course", ROOT / "recipes"
+WINGS = ("measure", "workloads")
 CORE = sorted(path for path in PACKAGE.glob("*.py") if path.name != "__init__.py")
 MODULES = sorted(PACKAGE.rglob("*.py"))
 MAX_FUNCTION_LINES = 60
-#: the loop's body, in lines of code: no docstring, comment or blank line (issue 36)
-MAX_LOOP_LINES = 60
-# Issue 30 went from 260 to 172; issue 36 to 149 (names only tests, benchmarks or scripts used
-# went private). Its target, 110, would take merging modules the notebooks read apart.
-MAX_PUBLIC_NAMES = 149
+#: the loop's body, in lines of code: no docstring, comment or blank line (issue 48)
+MAX_LOOP_LINES, MAX_LOOP_PARAMETERS = 55, 8
+#: the learner's library (issue 48): 149 public names and 7,587 lines before the three homes
+MAX_PUBLIC_NAMES, MAX_LIBRARY_LINES = 100, 3600
+#: where the three homes' code lives, and the programs and maintenance code around them
+HOMES = ("gradaccum_lib", "gradaccum_course", "recipes")
+CODE = (*HOMES, "scripts", "benchmarks")
 
 
 def _tree(path: Path) -> ast.Module:
@@ -34,8 +41,8 @@ def _relative(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
 
 
-def _imported_modules(path: Path) -> set[str]:
-    """The gradaccum_lib modules ``path`` imports, as dotted names below the package."""
+def _imported_modules(path: Path, prefix: str = "gradaccum_lib") -> set[str]:
+    """The modules starting with ``prefix`` that ``path`` imports, as dotted names."""
     package = path.parent.relative_to(ROOT).as_posix().replace("/", ".")
     found = set()
     for node in ast.walk(_tree(path)):
@@ -43,10 +50,10 @@ def _imported_modules(path: Path) -> set[str]:
             base = package.split(".")[: len(package.split(".")) - max(node.level - 1, 0)]
             name = (".".join(base) + ("." + node.module if node.module else "")
                     if node.level else node.module or "")
-            if name.startswith("gradaccum_lib"):
+            if name.startswith(prefix):
                 found.add(name)
         elif isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names if alias.name.startswith("gradaccum_lib")}
+            found |= {alias.name for alias in node.names if alias.name.startswith(prefix)}
     return found
 
 
@@ -71,10 +78,10 @@ def _declared(tree: ast.Module) -> list[str] | None:
 
 
 def _readers() -> dict[str, str]:
-    """Every text that may use a public name: the package, tests, scripts, benchmarks, the
+    """Every text that may use a public name: the three homes, tests, scripts, benchmarks, the
     notebooks' code cells (English; the twins hold the same code), the Makefile."""
-    texts = {_relative(p): p.read_text(encoding="utf-8") for folder in (
-        "gradaccum_lib", "tests", "scripts", "benchmarks") for p in (ROOT / folder).rglob("*.py")}
+    texts = {_relative(p): p.read_text(encoding="utf-8") for folder in (*CODE, "tests")
+             for p in (ROOT / folder).rglob("*.py")}
     texts["conftest.py"] = (ROOT / "conftest.py").read_text(encoding="utf-8")
     texts["Makefile"] = (ROOT / "Makefile").read_text(encoding="utf-8")
     for notebook in [*ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("notebooks/solutions/*.ipynb")]:
@@ -82,6 +89,30 @@ def _readers() -> dict[str, str]:
         texts[_relative(notebook)] = "\n".join(
             "".join(cell["source"]) for cell in cells if cell["cell_type"] == "code")
     return texts
+
+
+def test_the_library_imports_neither_the_course_nor_the_recipe_and_the_recipe_not_the_course():
+    for path in MODULES:
+        assert not _imported_modules(path, "gradaccum_course"), f"{_relative(path)} imports it"
+        assert not _imported_modules(path, "recipes"), f"{_relative(path)} imports the recipe"
+    for path in sorted(RECIPES.rglob("*.py")):
+        assert not _imported_modules(path, "gradaccum_course"), f"{_relative(path)} imports it"
+
+
+def test_no_private_name_crosses_a_module_outside_the_tests():
+    crossing = [f"{_relative(path)}: {alias.name} from {node.module}"
+                for folder in CODE for path in sorted((ROOT / folder).rglob("*.py"))
+                for node in ast.walk(_tree(path))
+                if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "")
+                                                         .startswith(("gradaccum", "recipes")))
+                for alias in node.names
+                if alias.name.startswith("_") and not alias.name.startswith("__")]
+    assert not crossing, "make them public where they are needed: " + "; ".join(crossing)
+
+
+def test_the_library_is_at_most_3600_lines():
+    lines = sum(path.read_text(encoding="utf-8").count("\n") for path in MODULES)
+    assert lines <= MAX_LIBRARY_LINES, f"gradaccum_lib holds {lines} lines"
 
 
 def test_the_core_imports_no_wing():
@@ -110,11 +141,32 @@ def _lines_of_code(function: ast.FunctionDef, path: Path = PACKAGE / "accumulati
     return sum(1 for line in code if line.strip() and not line.strip().startswith("#"))
 
 
-def test_the_loop_is_one_function_of_about_sixty_lines_of_code():
+def test_the_loop_is_one_function_of_at_most_55_lines_of_code_and_8_parameters():
     count = _lines_of_code(_loop())
     assert 20 < count <= MAX_LOOP_LINES, (
         f"accumulate_window's body holds {count} lines of code; the loop a learner reads on "
         f"one screen holds at most {MAX_LOOP_LINES}")
+    arguments = _loop().args
+    parameters = len(arguments.args) + len(arguments.kwonlyargs)
+    assert parameters <= MAX_LOOP_PARAMETERS and not arguments.vararg and not arguments.kwarg
+
+
+def _steps_under_a_sync_flag(function: ast.FunctionDef) -> bool:
+    """Whether ``function`` calls ``.backward(``, an optimizer's ``.step(`` and sets a sync flag
+    (or enters the sync helper): a second accumulation loop."""
+    calls = [node.func for node in ast.walk(function) if isinstance(node, ast.Call)]
+    attributes = {getattr(func, "attr", None) for func in calls}
+    names = {getattr(func, "id", None) for func in calls}
+    return ("backward" in attributes and "step" in attributes and bool(
+        attributes & {"no_sync", "set_requires_gradient_sync"} or "_gradient_sync" in names))
+
+
+def test_no_library_function_but_the_loop_backpropagates_and_steps_under_a_sync_flag():
+    found = [f"{_relative(path)}: {node.name}" for path in MODULES
+             for node in ast.walk(_tree(path)) if isinstance(node, ast.FunctionDef)
+             and node.name != "accumulate_window" and _steps_under_a_sync_flag(node)]
+    assert _steps_under_a_sync_flag(_loop())  # the check sees the loop's own
+    assert not found, found
 
 
 def _raises(statement: ast.stmt) -> bool:
@@ -125,10 +177,10 @@ def _raises(statement: ast.stmt) -> bool:
 
 
 def test_a_window_reads_the_loop_and_at_most_its_sync_helper():
-    """Following a window to ``optimizer.step()`` reads accumulate_window and, of the module's
-    other functions, the sync helper only: the argument checks run at the door, the rest
-    only on the way to an error. The core's loop imports the loss contract and runtime's
-    checks, nothing else."""
+    """Following a window to ``optimizer.step()`` reads accumulate_window and, of the
+    module's other functions, the sync helper and the totals' placement only: the argument
+    checks run at the door, the rest only on the way to an error. The core's loop imports
+    the loss contract and runtime's checks, nothing else."""
     engine = PACKAGE / "accumulation.py"
     assert _imported_modules(engine) <= {"gradaccum_lib.batches", "gradaccum_lib.runtime"}
     tree = _tree(engine)
@@ -144,7 +196,10 @@ def test_a_window_reads_the_loop_and_at_most_its_sync_helper():
                   and id(node) not in on_error_paths}
     door = loop.body[1] if isinstance(loop.body[0].value, ast.Constant) else loop.body[0]
     assert getattr(door.value.func, "id", "") == "_check_arguments", "the door comes first"
-    assert on_the_way == {"_check_arguments", "_gradient_sync"}, sorted(on_the_way)
+    # the sync helper, and where the window's totals live (a collective's tensors belong on the
+    # device its backend reduces on: where readers trip)
+    assert on_the_way == {"_check_arguments", "_gradient_sync", "_totals_placement"}, sorted(
+        on_the_way)
     assert called.count("_check_arguments") == 1
 
 
@@ -164,12 +219,15 @@ def _sync_flag_writers(path: Path) -> list[int]:
 
 
 def test_the_correct_loop_is_written_once_in_the_package_and_the_scripts():
-    """Issue 36: every loop the package or a script runs is accumulate_window. The sync flag,
-    which every accumulating loop under DDP or FSDP2 must set, is set in accumulation.py and in
-    the peers held against it (audits/frameworks.py: nanoGPT's and Accelerate's loops);
-    benchmarks and notebooks hold the peers and the lessons, and are not looked at."""
-    allowed = {"gradaccum_lib/accumulation.py", "gradaccum_course/audits/frameworks.py"}
-    writers = {_relative(path): lines for folder in ("gradaccum_lib", "scripts")
+    """Issue 36: every loop the library, the course, the recipe or a script runs is
+    accumulate_window. The sync flag, which every accumulating loop under DDP or FSDP2 must set,
+    is set in accumulation.py and in the peers held against it (audits/frameworks.py:
+    nanoGPT's and Accelerate's loops); the course's programs make a model's switch a no-op for
+    the slow way they compare with (programs/__init__.py); benchmarks and notebooks hold the
+    peers and the lessons, and are not looked at."""
+    allowed = {"gradaccum_lib/accumulation.py", "gradaccum_course/audits/frameworks.py",
+               "gradaccum_course/programs/__init__.py"}
+    writers = {_relative(path): lines for folder in (*HOMES, "scripts")
                for path in sorted((ROOT / folder).rglob("*.py"))
                if (lines := _sync_flag_writers(path))}
     assert "gradaccum_lib/accumulation.py" in writers  # the check sees the loop's own
@@ -204,8 +262,8 @@ def readers() -> dict[str, str]:
     return _readers()
 
 
-#: public names that only tests, scripts or benchmarks use: none (issue 36 made them private; a
-#: name that comes to be used only so fails the test below).
+#: public names that only tests use: none (a name that comes to be used only so fails the test
+#: below).
 USED_ONLY_BY_TESTS_SCRIPTS_OR_BENCHMARKS: set[str] = set()
 
 
@@ -225,11 +283,11 @@ def _handed_to_callers(tree: ast.Module) -> set[str]:
 
 
 def test_every_public_name_is_used_by_a_notebook_the_job_or_another_module(readers):
-    """Issue 36: a public name is one a notebook, the job or another package module uses;
-    names only tests, scripts or benchmarks use are private. Types a public function returns
-    or raises are public with it."""
+    """Issue 48: a public name of the library is one a notebook, the recipe, the course, a
+    script or benchmark, or another library module uses; names only tests use are private.
+    Types a public function returns or raises are public with it."""
     package_and_notebooks = {where: text for where, text in readers.items()
-                             if where.startswith(("gradaccum_lib/", "notebooks/"))}
+                             if not where.startswith("tests/")}
     found = set()
     for path in MODULES:
         if path.name == "__init__.py":
@@ -243,7 +301,7 @@ def test_every_public_name_is_used_by_a_notebook_the_job_or_another_module(reade
                     if where != _relative(path)):
                 found.add(f"{_relative(path)}: {name}")
     assert found <= USED_ONLY_BY_TESTS_SCRIPTS_OR_BENCHMARKS, (
-        "public, but only tests, scripts or benchmarks use them (make them private): "
+        "public, but only tests use them (make them private): "
         + ", ".join(sorted(found - USED_ONLY_BY_TESTS_SCRIPTS_OR_BENCHMARKS)))
     assert found == USED_ONLY_BY_TESTS_SCRIPTS_OR_BENCHMARKS, (
         "private or used now: strike off USED_ONLY_BY_TESTS_SCRIPTS_OR_BENCHMARKS "

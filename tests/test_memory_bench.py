@@ -8,9 +8,8 @@ from torch import nn
 
 from gradaccum_lib import split_into_micro_batches
 from gradaccum_lib.losses import sample_classification_loss
-from gradaccum_lib.measure.bench import Timing, _steady_allocator, paired_ratio, time_interleaved
+from gradaccum_lib.measure.bench import Timing, paired_ratio, steady_allocator, time_interleaved
 from gradaccum_lib.measure.memory import (
-    _cuda_peak_bytes,
     activation_bytes,
     memory_budget,
     static_bytes,
@@ -120,12 +119,6 @@ def test_memory_budget_rejects_bad_input(kwargs, message):
         memory_budget(-1)
 
 
-def test_cuda_peak_bytes_is_none_without_cuda():
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
-    assert _cuda_peak_bytes(lambda: None) is None
-
-
 def test_time_interleaved_rotates_order_and_reports_medians():
     calls = []
     timings = time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
@@ -194,9 +187,9 @@ def test_rounds_run_without_garbage_collection_and_ratios_pair_rounds():
 
 
 def test_steady_allocator_fixes_glibcs_thresholds():
-    assert _steady_allocator() is True  # Linux with glibc, as CI runs
+    assert steady_allocator() is True  # Linux with glibc, as CI runs
     with pytest.raises(ValueError, match="threshold_bytes must be a positive int"):
-        _steady_allocator(0)
+        steady_allocator(0)
 
 
 def test_fit_step_time_recovers_a_line_and_models_windows():

@@ -46,8 +46,7 @@ def test_tracker_matches_brute_force_on_a_model_where_it_is_known():
     for _ in range(300):
         rows = torch.randint(0, 128, (16,), generator=generator)
         window = split_into_micro_batches((inputs[rows], labels[rows]), accumulation_steps=4)
-        accumulate_window(model, frozen, window, sample_classification_loss,
-                          after_backward=tracker.after_backward)
+        accumulate_window(model, frozen, window, tracker.counting(sample_classification_loss))
         tracker.end_window()
     assert len(tracker.records) == 300
     mean = {key: sum(r[key] for r in tracker.records) / len(tracker.records)
@@ -56,18 +55,21 @@ def test_tracker_matches_brute_force_on_a_model_where_it_is_known():
     assert math.isfinite(tracker.records[-1]["b_simple_smoothed"])
 
 
-def test_tracker_skips_single_micro_batch_windows_and_needs_after_backward():
+def test_tracker_skips_single_micro_batch_windows_and_needs_its_counting_loss():
     inputs, labels = make_toy_classification(8, 4, 2)
     model = make_mlp(4, 5, 2)
     tracker = NoiseScaleTracker(model.parameters())
-    accumulate_window(model, torch.optim.SGD(model.parameters(), lr=0.1), [(inputs, labels)],
-                      sample_classification_loss, after_backward=tracker.after_backward)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    accumulate_window(model, optimizer, [(inputs, labels)],
+                      tracker.counting(sample_classification_loss))
     tracker.end_window()
     assert tracker.records == []
-    with pytest.raises(ValueError, match="pass after_backward=tracker.after_backward"):
+    with pytest.raises(ValueError, match=r"pass tracker.counting\(loss_fn\)"):
         tracker.end_window()
-    with pytest.raises(ValueError, match="micro_step 1 came first"):
-        tracker.after_backward(1, 4)
+    with pytest.raises(ValueError, match=r"without tracker.counting\(loss_fn\)"):
+        accumulate_window(model, optimizer, [(inputs, labels)], sample_classification_loss)
+    tracker.close()  # the hook is gone: the plain loss trains again
+    accumulate_window(model, optimizer, [(inputs, labels)], sample_classification_loss)
 
 
 def test_brute_force_noise_scale_by_hand_and_errors():

@@ -13,11 +13,11 @@ from gradaccum_lib.measure.metrics import classification_scores, predict_classes
 from gradaccum_lib.measure.planning import (
     DdpStepModel,
     TransformerShape,
-    _fit_transformer_activations,
     _TransformerActivations,
     accumulation_steps_for,
     ddp_relative_residuals,
     fit_ddp_step_model,
+    fit_transformer_activations,
     max_micro_batch_size,
     measure_bert_shape,
     plan_cluster,
@@ -37,12 +37,12 @@ def _measure(num_layers, length):  # what a sample of TRUE would measure
 
 
 def test_fit_recovers_every_term_of_a_known_model():
-    fitted = _fit_transformer_activations(_measure)
+    fitted = fit_transformer_activations(_measure)
     for name in _TransformerActivations.__dataclass_fields__:
         assert getattr(fitted, name) == pytest.approx(getattr(TRUE, name), abs=1e-6)
     assert fitted.bytes_for(3, 256, 12) == pytest.approx(TRUE.bytes_for(3, 256, 12))
     with pytest.raises(ValueError, match="three increasing positive ints"):
-        _fit_transformer_activations(_measure, lengths=(64, 32, 128))
+        fit_transformer_activations(_measure, lengths=(64, 32, 128))
 
 
 def test_max_micro_batch_size_and_accumulation_steps():

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gradaccum_lib.measure.planning import _fit_transformer_activations
+from gradaccum_lib.measure.planning import fit_transformer_activations
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted(
@@ -37,7 +37,7 @@ def test_activation_fit_recovers_whole_byte_coefficients_exactly(lengths):
         per_layer = 12288 + 26624 * length + 192 * length * length
         return outside + num_layers * per_layer
 
-    fitted = _fit_transformer_activations(measure, lengths)
+    fitted = fit_transformer_activations(measure, lengths)
     assert (fitted.outside_fixed, fitted.outside_per_token) == (4096.0, 3072.0)
     assert (fitted.per_layer_fixed, fitted.per_layer_per_token,
             fitted.per_layer_per_token_squared) == (12288.0, 26624.0, 192.0)
@@ -46,7 +46,7 @@ def test_activation_fit_recovers_whole_byte_coefficients_exactly(lengths):
 
 def test_activation_fit_of_non_polynomial_bytes_is_the_exact_rational_solution():
     measured = {1: {32: 1001, 64: 2003, 128: 4010}, 2: {32: 1500, 64: 3100, 128: 6700}}
-    fitted = _fit_transformer_activations(lambda layers, s: measured[layers][s])
+    fitted = fit_transformer_activations(lambda layers, s: measured[layers][s])
     layer = [Fraction(measured[2][s] - measured[1][s]) for s in (32, 64, 128)]
     for s, extra in zip((32, 64, 128), layer, strict=True):
         value = (Fraction(fitted.per_layer_fixed) + Fraction(fitted.per_layer_per_token) * s

@@ -24,7 +24,8 @@ from recipes.emr_classification.train import _check_sizes as check_sizes
 from recipes.emr_classification.train import main as train_main
 
 # 2 x 48 notes of 32 tokens, micro-batch 4, k = 2: 6 windows per epoch, 2 epochs, float64
-JOB = ["-m", "recipes.emr_classification.train", "--train-samples", "96", "--validation-samples", "30",
+JOB = ["-m", "recipes.emr_classification.train", "--train-samples", "96",
+       "--validation-samples", "30",
        "--max-length", "32", "--micro-batch-size", "4", "--accumulation-steps", "2",
        "--epochs", "2", "--dtype", "float64", "--warmup-steps", "2", "--lr", "5e-4",
        "--no-progress"]
@@ -225,11 +226,18 @@ def test_a_checkpoint_of_another_k_or_world_size_is_refused_by_name(one_epoch, t
     (["--resume"], "--resume need --checkpoint-dir"),
     (["--amp", "fp8"], "invalid choice: 'fp8'"),
     (["--model-size", "huge"], "invalid choice: 'huge'"),
+    (["--epochs", "1000000000"], "--epochs must be at most 10,000; got 1,000,000,000"),
+    (["--window-delay", "-1"], "--window-delay must be between 0 and 60 s; got -1.0"),
+    (["--window-delay", "nan"], "--window-delay must be between 0 and 60 s; got nan"),
+    (["--window-delay", "inf"], "--window-delay must be between 0 and 60 s; got inf"),
 ])
-def test_bad_flags_get_an_argparse_error(argv, message, capsys):
-    with pytest.raises(SystemExit):
+def test_bad_flags_are_refused_in_one_line_before_anything_runs(argv, message, capsys):
+    with pytest.raises(SystemExit) as refused:
         parse_arguments(argv)
-    assert message in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert refused.value.code == 2 and message in error
+    assert error.count("\n") == 1 and error.startswith(  # one line: no usage block
+        "python -m recipes.emr_classification.train: error: "), error
 
 
 def test_datasheet_token_lengths_match_the_shipped_tokenizer():

@@ -27,7 +27,9 @@ from gradaccum_lib.losses import bert_classification_loss
 
 __all__ = [
     "WindowDataset",
+    "accelerate_loop",
     "accelerate_step",
+    "bare_loop",
     "bare_loop_step",
     "library_step",
     "model_mean_loss",
@@ -79,7 +81,7 @@ def model_mean_loss(model: nn.Module, micro_batch: Mapping[str, Tensor]) -> Tens
 _MeanLoss = Callable[[nn.Module, Any], Tensor]
 
 
-def _bare_loop(model: nn.Module, optimizer: torch.optim.Optimizer, accumulation_steps: int,
+def bare_loop(model: nn.Module, optimizer: torch.optim.Optimizer, accumulation_steps: int,
               mean_loss: _MeanLoss = model_mean_loss) -> Callable[[Sequence[Any]], None]:
     """Return ``run(micro_batches)``: the nanoGPT-style loop over them. Per micro-batch: on a
     DDP model, ``require_backward_grad_sync`` set BEFORE the forward pass (True only on the
@@ -102,14 +104,14 @@ def _bare_loop(model: nn.Module, optimizer: torch.optim.Optimizer, accumulation_
 
 
 def bare_loop_step(accumulation_steps: int):  # noqa: ANN201
-    """Return a step function for the nanoGPT-style loop (:func:`_bare_loop`) on a 🤗 model:
+    """Return a step function for the nanoGPT-style loop (:func:`bare_loop`) on a 🤗 model:
     the model's mean loss divided by k, backward per micro-batch, step and zero once per
     window (or at the end of the data).
     """
 
     def step(model: nn.Module, micro_batches: list, make_optimizer: OptimizerFactory) -> None:
         model.train()
-        _bare_loop(model, make_optimizer(model.parameters()), accumulation_steps)(micro_batches)
+        bare_loop(model, make_optimizer(model.parameters()), accumulation_steps)(micro_batches)
 
     return step
 
@@ -125,7 +127,7 @@ def _accelerate_micro_step(accelerator: Any, model: nn.Module, optimizer: Any,
         optimizer.zero_grad()
 
 
-def _accelerate_loop(model: nn.Module, optimizer: torch.optim.Optimizer, accumulation_steps: int,
+def accelerate_loop(model: nn.Module, optimizer: torch.optim.Optimizer, accumulation_steps: int,
                     mean_loss: _MeanLoss = model_mean_loss):  # noqa: ANN201
     """Return ``(run(micro_batches), prepared_model)`` for Accelerate without a prepared
     DataLoader (a benchmark of the loop's overhead; windows are counted by calls)."""

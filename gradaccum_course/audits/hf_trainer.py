@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from gradaccum_lib.batches import LossFn, concatenate_micro_batches
 from gradaccum_lib.equivalence import OptimizerFactory, full_batch_gradients
-from gradaccum_lib.gradients import Gradients, collected_gradients, model_restored
+from gradaccum_lib.gradients import collected_gradients, model_restored
 from gradaccum_lib.losses import bert_classification_loss
 from gradaccum_lib.runtime import check_number, check_positive_int
 
@@ -139,7 +139,7 @@ def hf_trainer_train_sampler(model: nn.Module,
 
 
 def hf_model_loss_gradients(model: nn.Module, micro_batches: Sequence[Mapping[str, Tensor]], *,
-                            num_items_in_batch: Tensor | None = None) -> Gradients:
+                            num_items_in_batch: Tensor | None = None) -> dict[str, Tensor]:
     """Return the window gradient the 🤗 ``Trainer`` accumulates from the model's own loss:
     ``model(**micro_batch).loss`` per micro-batch, divided by k when no window count is given
     (the pre-2024 behaviour, and what heads that drop the count still get), or with

@@ -2,7 +2,8 @@
 
 The notebook runs it under torchrun through ``launch()``:
 
-    torchrun --nproc_per_node=N -m gradaccum_course.programs.beyond_step_times --ks 1,2,4,8 --repeats 30 --json PATH
+    torchrun --nproc_per_node=N -m gradaccum_course.programs.beyond_step_times \
+        --ks 1,2,4,8 --repeats 30 --json PATH
 
 What it times: one window of k micro-batches of 8, stepped by ``accumulate_window`` on its own
 DDP copy of notebook 05's MLP (section 3), syncing the gradients once per window and every
@@ -21,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from gradaccum_course.programs import syncing_every_micro_step
 from gradaccum_lib.accumulation import accumulate_window
 from gradaccum_lib.distributed import init_distributed
 from gradaccum_lib.losses import sample_classification_loss
@@ -44,9 +46,10 @@ model = make_mlp(16, 256, 4, seed=0).to(ctx.device)
 def step(k, sync):
     """One window of k micro-batches, on its own DDP copy of the model."""
     ddp = DistributedDataParallel(copy.deepcopy(model))
+    if sync == "every":  # the slow way, for comparison: no_sync does nothing on this copy
+        syncing_every_micro_step(ddp)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    return lambda: accumulate_window(ddp, optimizer, micro_batches[:k], sample_classification_loss,
-                                     sync_every_micro_step=sync == "every")
+    return lambda: accumulate_window(ddp, optimizer, micro_batches[:k], sample_classification_loss)
 
 
 timings = time_interleaved({(k, sync): step(k, sync) for k in ks for sync in ("window", "every")},

@@ -39,7 +39,8 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from gradaccum_course.agent import run_worker
+from gradaccum_course.launch import run_worker
+from gradaccum_course.programs import syncing_every_micro_step
 from gradaccum_lib.accumulation import WindowResult, accumulate_window
 from gradaccum_lib.batches import windows_of
 from gradaccum_lib.distributed import DistributedContext, init_distributed, process_group_session
@@ -206,6 +207,8 @@ def _wrap(base: nn.Module, arguments: argparse.Namespace, ctx: DistributedContex
     # gradients (00 measures it); safe with the loop, which never detaches a .grad in place
     model = DistributedDataParallel(base, gradient_as_bucket_view=True)
     counter.register(model)
+    if arguments.sync == "every":  # the slow way, for comparison: no_sync does nothing here
+        syncing_every_micro_step(model)
     return model
 
 
@@ -233,9 +236,7 @@ def _train(job: _Job) -> list[dict]:
                 break
             window = [[t.to(ctx.device) for t in micro_batch] for micro_batch in window]
             start = time.perf_counter()
-            job.results.append(accumulate_window(
-                job.model, job.optimizer, window, job.loss_fn,
-                sync_every_micro_step=arguments.sync == "every"))
+            job.results.append(accumulate_window(job.model, job.optimizer, window, job.loss_fn))
             seconds = time.perf_counter() - start
             _reference_step(job, global_orders, window_index)
             per_step.append(_measured(job, seconds))

@@ -10,7 +10,8 @@ all-reduced (a communication hook); then it compares the gradient with the truth
 ranks. A second run sets the default device apart from the model's (``meta``; on a GPU
 machine it is the CPU) and records the device of every tensor handed to ``dist.all_reduce``.
 Rank 0 writes ``{path: measurements}`` to the JSON file that ends the command line.
-Run: ``torchrun --nproc_per_node=2 -m gradaccum_course.programs.ddp_window_check FILE... --json PATH``
+Run: ``torchrun --nproc_per_node=2 -m gradaccum_course.programs.ddp_window_check FILE...
+--json PATH``
 (:func:`gradaccum_course.launch.launch` does).
 """
 
@@ -28,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from gradaccum_course.agent import run_worker
+from gradaccum_course.launch import run_worker
 from gradaccum_lib.distributed import init_distributed
 from gradaccum_lib.equivalence import full_batch_gradients
 from gradaccum_lib.losses import sample_classification_loss

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gradaccum_course.agent import run_worker
+from gradaccum_course.launch import run_worker
 from gradaccum_lib.distributed import DistributedContext, init_distributed, process_group_session
 from gradaccum_lib.workloads.data import make_toy_classification
 from gradaccum_lib.workloads.models import make_mlp

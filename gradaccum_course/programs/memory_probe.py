@@ -1,23 +1,24 @@
 """What accumulation holds in gradient memory under DDP and FSDP2, measured on each rank.
 
-    torchrun --standalone --nproc_per_node=2 -m gradaccum_course.programs.memory_probe --json out.json
+    torchrun --standalone --nproc_per_node=2 -m gradaccum_course.programs.memory_probe \
+        --json out.json
 
 **DDP.** The reducer allocates its gradient buckets when the model is wrapped. By default they
 are a second copy of the gradients: each backward writes ``.grad`` and copies it into a bucket
 for the all-reduce. With ``gradient_as_bucket_view=True`` each ``.grad`` is a view into its
 bucket, so the copy is gone. The probe wraps the model both ways and trains one window
 (``accumulate_window``), counting every tensor storage allocated from the wrap onwards
-(``measure.memory._counting_tensor_bytes``: exact bytes, the buckets included, unlike the
+(``measure.memory.counting_tensor_bytes``: exact bytes, the buckets included, unlike the
 process's resident memory); it reads what is held after the window's last backward, before
 the optimizer step.
 
 **FSDP2.** With ``set_requires_gradient_sync(False)`` (FSDP2's ``no_sync``) the backward pass
-skips the reduce-scatter, so each rank keeps the UNSHARDED gradient of every parameter until the
-window's last micro-batch: world_size times the bytes of the sharded gradient it holds when it syncs
-every micro-step. The probe trains one window of two micro-batches each way (once per window, and
-``sync_every_micro_step=True``) and its ``after_backward`` reads the gradients FSDP2 holds
-after the first micro-step (its parameter groups are internal API, stable for the
-pinned torch). Rank 0 writes JSON.
+skips the reduce-scatter, so each rank keeps the UNSHARDED gradient of every parameter until
+the window's last micro-batch: world_size times the bytes of the sharded gradient it holds when
+it syncs every micro-step. The probe trains one window of two micro-batches each way (once per
+window, and with its sync switch made a no-op, ``syncing_every_micro_step``) and reads the
+gradients FSDP2 holds after the first micro-step (when the loop asks the loss of the second)
+(its parameter groups are internal API, stable for the pinned torch). Rank 0 writes JSON.
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from gradaccum_course.agent import run_worker
+from gradaccum_course.launch import run_worker
+from gradaccum_course.programs import syncing_every_micro_step
 from gradaccum_lib.accumulation import accumulate_window
 from gradaccum_lib.distributed import init_distributed, process_group_session
 from gradaccum_lib.losses import sample_classification_loss
-from gradaccum_lib.measure.memory import _counting_tensor_bytes
+from gradaccum_lib.measure.memory import counting_tensor_bytes
 from gradaccum_lib.workloads.models import make_mlp
 
 
@@ -57,18 +59,23 @@ def _held_gradient_bytes(model: nn.Module) -> dict[str, int]:
     return held
 
 
-def _held_after(model: nn.Module, window: list, read: Callable[[], object], micro_step: int,
-                *, sync_every_micro_step: bool = False) -> object:
-    """Train one window (SGD) and return what ``read()`` saw after ``micro_step``'s backward."""
-    held = []
+def _held_after(model: nn.Module, window: list, read: Callable[[], object],
+                micro_step: int) -> object:
+    """Train one window (SGD) and return what ``read()`` saw after ``micro_step``'s backward:
+    when the loop asks for the next micro-batch's loss, or, after the last one, just before
+    the optimizer steps."""
+    held, calls = [], []
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
-    def after_backward(step: int, _: float) -> None:
-        if step == micro_step:
+    def loss_fn(model: nn.Module, micro_batch: object) -> object:
+        if len(calls) == micro_step + 1:
             held.append(read())
+        calls.append(None)
+        return sample_classification_loss(model, micro_batch)
 
-    accumulate_window(model, torch.optim.SGD(model.parameters(), lr=0.1), window,
-                      sample_classification_loss, after_backward=after_backward,
-                      sync_every_micro_step=sync_every_micro_step)
+    if micro_step == len(window) - 1:
+        optimizer.register_step_pre_hook(lambda *_: held.append(read()))
+    accumulate_window(model, optimizer, window, loss_fn)
     return held[0]
 
 
@@ -110,7 +117,7 @@ def _ddp_held_bytes(input_dim: int, hidden_dim: int, window: list, device: torch
     def read() -> tuple[int, int | None]:
         return counted.live, cuda_bytes()
 
-    with _counting_tensor_bytes() as counted:
+    with counting_tensor_bytes() as counted:
         wrapped = DistributedDataParallel(model, gradient_as_bucket_view=gradient_as_bucket_view)
         cuda_wrap = cuda_bytes()
         held, cuda_held = _held_after(wrapped, window, read, micro_step=len(window) - 1)
@@ -134,9 +141,10 @@ def _fsdp2_held_bytes(input_dim: int, hidden_dim: int, window: list,
         fully_shard(model)
         results["parameter_bytes"] = sum(p.numel() * p.element_size()  # DTensor: global
                                          for p in model.parameters())
+        if sync_every:
+            syncing_every_micro_step(model)
         results[name] = _held_after(model, window, lambda model=model:
-                                    _held_gradient_bytes(model), micro_step=0,
-                                    sync_every_micro_step=sync_every)
+                                    _held_gradient_bytes(model), micro_step=0)
     return results
 
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from gradaccum_course.agent import run_worker
+from gradaccum_course.launch import run_worker
 from gradaccum_lib.distributed import init_distributed, process_group_session
 from gradaccum_lib.measure.comm import CommCounter
 from gradaccum_lib.workloads.data import make_toy_classification

@@ -4,7 +4,7 @@ These machines are noisy, so comparisons are measured side by side in one run, A
 interleaved (the order rotated each repeat), after a warm-up, with Python's garbage collector
 paused while a round runs (as ``timeit`` does); report ratios, not absolute times:
 :func:`paired_ratio` is the median of A's time over B's in the same round, so a slow minute
-of the machine slows both sides of the ratio it lands in. :func:`_steady_allocator` keeps
+of the machine slows both sides of the ratio it lands in. :func:`steady_allocator` keeps
 freed memory in the process, so that whether a step page-faults does not depend on the order
 in which the interleaved contenders happen to free theirs.
 """
@@ -25,6 +25,7 @@ from gradaccum_lib.runtime import check_positive_int
 
 __all__ = [
     "paired_ratio",
+    "steady_allocator",
     "time_interleaved",
     "Timing",
 ]
@@ -119,7 +120,7 @@ def paired_ratio(numerator: Timing, denominator: Timing) -> float:
                                                      strict=True))
 
 
-def _steady_allocator(threshold_bytes: int = 256 * 2**20) -> bool:
+def steady_allocator(threshold_bytes: int = 256 * 2**20) -> bool:
     """Make glibc keep freed memory up to ``threshold_bytes`` in the process (its trim and
     mmap thresholds fixed, no longer adjusted as the program frees); return False where the C
     library is not glibc. By default a free may hand pages back to the kernel and the next

@@ -9,11 +9,10 @@
 - :func:`memory_budget` is the model: parameters + gradients + optimizer state (+ fp32 master
   weights in mixed precision) (+ DDP's bucket copy of the gradients) + the activations of ONE
   micro-batch. Accumulation shrinks only the last term.
-- :func:`_cuda_peak_bytes` reports the CUDA allocator's peak for a step, when on a GPU.
 - :func:`tensor_peak_bytes` reports, on any device, the peak bytes of the tensors a step
   allocates and holds at once, counted exactly from the operators' outputs (a
   ``TorchDispatchMode``): the same number on every run, unlike a process's resident memory,
-  which the C allocator decides when to hand back. :func:`_counting_tensor_bytes` is the same
+  which the C allocator decides when to hand back. :func:`counting_tensor_bytes` is the same
   count as a context manager, to read what is held at a chosen point (``.live``): it sees the
   buffers DDP's reducer allocates, which a parameter or ``.grad`` walk cannot.
 """
@@ -39,6 +38,7 @@ from gradaccum_lib.runtime import check_bool, check_choice, check_number, check_
 
 __all__ = [
     "activation_bytes",
+    "counting_tensor_bytes",
     "memory_budget",
     "MemoryBreakdown",
     "Optimizer",
@@ -218,26 +218,6 @@ def memory_budget(
     )
 
 
-def _cuda_peak_bytes(step: Callable[[], object], device: torch.device | str = "cuda") -> int | None:
-    """Return the CUDA allocator's peak bytes while ``step()`` runs (None without CUDA)."""
-    if not callable(step):
-        raise TypeError(f"step must be a callable taking no argument; got {type(step).__name__}")
-    if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"device must be a device name or a torch.device; got {device!r}")
-    try:
-        device_type = torch.device(device).type
-    except RuntimeError:
-        raise ValueError(f"device must be a device name such as 'cuda' or 'cuda:1'; got "
-                         f"{device!r}") from None
-    if not torch.cuda.is_available() or device_type != "cuda":
-        return None
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    step()
-    torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device)
-
-
 class _LiveStorageBytes(TorchDispatchMode):
     """Counts the bytes of the storages operators create while active: live now, and peak."""
 
@@ -274,7 +254,7 @@ class _LiveStorageBytes(TorchDispatchMode):
 
 
 @contextmanager
-def _counting_tensor_bytes() -> Iterator[_LiveStorageBytes]:
+def counting_tensor_bytes() -> Iterator[_LiveStorageBytes]:
     """Count, while active, the bytes of the tensor storages operators create (on any device;
     kernels' private scratch buffers are not seen): yields a counter whose ``.live`` is what
     is held now and ``.peak`` the most held at once. Garbage collection is paused meanwhile
@@ -298,6 +278,6 @@ def tensor_peak_bytes(step: Callable[[], object]) -> int:
     """
     if not callable(step):
         raise TypeError(f"step must be a callable taking no argument; got {type(step).__name__}")
-    with _counting_tensor_bytes() as tracker:
+    with counting_tensor_bytes() as tracker:
         step()
     return tracker.peak

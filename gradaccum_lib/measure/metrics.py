@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from gradaccum_lib.batches import (
     Batch,
     LossFn,
-    check_batch_collection,
+    as_micro_batch_list,
     check_loss_output,
     split_into_micro_batches,
 )
@@ -27,7 +27,7 @@ def evaluate_mean_loss(model: nn.Module, loss_fn: LossFn, batches: Iterable[Batc
     if not callable(loss_fn):
         raise TypeError("loss_fn must be callable as loss_fn(model, batch) -> (summed_loss, "
                         f"num_items); got {type(loss_fn).__name__}")
-    check_batch_collection(batches, "batches")
+    batches = as_micro_batch_list(batches, "batches")
     total_loss = 0.0
     total_items = 0.0
     with torch.no_grad():

@@ -8,14 +8,14 @@ two batch sizes b (a micro-batch) and B (the window), unbiased estimators are
 
     |G|²  ≈ (B |G_B|² - b |G_b|²) / (B - b)          tr(Σ) ≈ (|G_b|² - |G_B|²) / (1/b - 1/B)
 
-Accumulation computes both for free: each micro-batch's gradient is the difference of the
-accumulated gradient before and after its backward pass.
+Accumulation computes both for free: each micro-batch's backward produces its own gradient
+(read by a hook on the parameters) before it is added into ``.grad``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -46,19 +46,15 @@ def _noise_scale_estimates(small_squared_norm: float, big_squared_norm: float,
     return squared_gradient, trace
 
 
-def _flat_gradient(parameters: list[nn.Parameter]) -> Tensor:
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach()
-                      .reshape(-1).to(torch.float64) for p in parameters])
-
-
 class NoiseScaleTracker:
     """The noise scale of every window, from the gradients accumulation computes anyway: pass
-    ``after_backward=tracker.after_backward`` to
+    ``tracker.counting(loss_fn)`` as the loss to
     :func:`~gradaccum_lib.accumulation.accumulate_window`, then call ``tracker.end_window()``.
-    Exponential moving averages of |G|² and tr Σ smooth the ratio's numerator and denominator
-    separately, as the paper recommends. Costs two flat copies of the gradient. One process
-    only: under DDP the last micro-step's gradient is already averaged over the ranks, so the
-    micro-batch estimates would mix ranks.
+    A hook on the parameters reads each micro-batch's own gradient as its backward computes it
+    (``torch.autograd.graph.register_multi_grad_hook``; ``close()`` removes it). Exponential
+    moving averages of |G|² and tr Σ smooth the ratio's numerator and denominator separately,
+    as the paper recommends. Costs one flat copy of the gradient. One process only: under DDP
+    the micro-batch estimates would be one rank's.
     """
 
     def __init__(self, parameters: Iterable[nn.Parameter], *, smoothing: float = 0.9) -> None:
@@ -68,41 +64,56 @@ class NoiseScaleTracker:
             raise TypeError("parameters must be the model's parameters (model.parameters()), "
                             "at least one tensor")
         self.records: list[dict[str, float]] = []
-        self._summed: Tensor | None = None  # the window's gradient sum after the last backward
+        self._summed: Tensor | None = None  # the window's summed-loss gradient so far
+        self._items: float | None = None  # the item count of the micro-batch in flight
         self._micro_squared: list[float] = []
         self._micro_items: list[float] = []
         self._ema: tuple[float, float] | None = None
+        self._hook = torch.autograd.graph.register_multi_grad_hook(
+            self.parameters, self._after_backward, mode="all")
 
-    def after_backward(self, micro_step: int, num_items: float) -> None:
-        """Record the squared norm of this micro-batch's mean-loss gradient: what its backward
-        added to the gradients' running sum of summed-loss gradients, over its items."""
-        summed = _flat_gradient(self.parameters)
-        if micro_step == 0:
-            self._summed = torch.zeros_like(summed)
-            self._micro_squared, self._micro_items = [], []
-        elif self._summed is None:
-            raise ValueError(f"micro_step {micro_step} came first; a window starts at "
-                             "micro_step 0")
-        if num_items > 0:
-            micro = (summed - self._summed) / num_items
-            self._micro_squared.append(float(micro.pow(2).sum()))
-            self._micro_items.append(num_items)
-        self._summed = summed
+    def counting(self, loss_fn: Callable[[nn.Module, object], tuple[Tensor, object]]
+                 ) -> Callable[[nn.Module, object], tuple[Tensor, object]]:
+        """Return ``loss_fn`` that also tells the tracker each micro-batch's item count (read
+        on the host: a measurement, not a training run's loss)."""
+
+        def counted(model: nn.Module, micro_batch: object) -> tuple[Tensor, object]:
+            summed_loss, num_items = loss_fn(model, micro_batch)
+            self._items = float(num_items)
+            return summed_loss, num_items
+
+        return counted
+
+    def _after_backward(self, gradients: Sequence[Tensor | None]) -> None:
+        """Record one micro-batch: the squared norm of its mean-loss gradient (its summed-loss
+        gradient over its items), and add it to the window's sum."""
+        if self._items is None:
+            raise ValueError("a backward ran through the tracked parameters without "
+                             "tracker.counting(loss_fn) as accumulate_window's loss")
+        flat = torch.cat([(g if g is not None else torch.zeros_like(p)).detach().reshape(-1)
+                          .to(torch.float64) for g, p in zip(gradients, self.parameters,
+                                                             strict=True)])
+        self._summed = flat if self._summed is None else self._summed + flat
+        if self._items > 0:
+            self._micro_squared.append(float((flat / self._items).pow(2).sum()))
+            self._micro_items.append(self._items)
+        self._items = None
 
     def end_window(self) -> None:
         """Combine the window's gradient (the sum over all its items, divided by their count)
         with its micro-batches' into one estimate; call it after accumulate_window returns."""
         if self._summed is None:
-            raise ValueError("end_window() came with no after_backward since the last window; "
-                             "pass after_backward=tracker.after_backward to accumulate_window")
-        summed, self._summed = self._summed, None
-        if len(self._micro_squared) < 2:
+            raise ValueError("end_window() came with no backward since the last window; pass "
+                             "tracker.counting(loss_fn) as accumulate_window's loss")
+        summed, micro_squared, micro_items = self._summed, self._micro_squared, self._micro_items
+        self._summed, self._micro_squared, self._micro_items = None, [], []
+        if len(micro_squared) < 2:
             return  # a window of one micro-batch has only one batch size
-        total_items = sum(self._micro_items)
+        total_items = sum(micro_items)
         window = summed / total_items
-        small = total_items / len(self._micro_items)
+        small = total_items / len(micro_items)
         squared_gradient, trace = _noise_scale_estimates(
-            sum(self._micro_squared) / len(self._micro_squared), float(window.pow(2).sum()),
+            sum(micro_squared) / len(micro_squared), float(window.pow(2).sum()),
             small, total_items)
         if self._ema is None:
             self._ema = (squared_gradient, trace)
@@ -114,6 +125,10 @@ class NoiseScaleTracker:
         self.records.append({"squared_gradient": squared_gradient, "trace": trace,
                              "b_simple": trace / squared_gradient if squared_gradient > 0
                              else math.inf, "b_simple_smoothed": smoothed})
+
+    def close(self) -> None:
+        """Remove the hook on the parameters."""
+        self._hook.remove()
 
 
 def brute_force_noise_scale(per_sample_gradients: Tensor) -> float:

@@ -7,7 +7,7 @@ cluster.
   ``gradaccum_course/programs/beyond_step_times.py``);
 - :func:`plan_accumulation`, :func:`max_micro_batch_size`, :func:`accumulation_steps_for`:
   choosing the micro-batch and k on one device;
-- :class:`_TransformerActivations` / :func:`_fit_transformer_activations`: activation bytes as a
+- :class:`_TransformerActivations` / :func:`fit_transformer_activations`: activation bytes as a
   function of sequence length and layer count, fitted exactly to measurements;
 - :func:`measure_bert_shape`: a BERT family's parameter counts and MEASURED activation model;
 - :func:`plan_cluster`: per-device memory and the effective batch of micro x k x devices.
@@ -35,6 +35,7 @@ __all__ = [
     "ddp_relative_residuals",
     "fit_ddp_step_model",
     "fit_step_time",
+    "fit_transformer_activations",
     "max_micro_batch_size",
     "measure_bert_shape",
     "plan_accumulation",
@@ -192,7 +193,7 @@ def fit_ddp_step_model(
     every_seconds: Sequence[float],
 ) -> DdpStepModel:
     """Return the :class:`DdpStepModel` (every term >= 0) closest to measured step times
-    (e.g. medians from ``gradaccum_course/programs/beyond_step_times.py``, notebook 06) with one sync per
+    (e.g. medians from the step-time program notebook 06 runs) with one sync per
     window (``k c + m + o``) and one per micro-step (``k c + k m + o``), in relative terms:
     least squares of
     ``(model - measured) / measured``, so that short and long steps weigh alike.
@@ -345,7 +346,7 @@ class _TransformerActivations:
                 + micro_batch_size * self.bytes_per_sample(sequence_length, num_layers))
 
 
-def _fit_transformer_activations(
+def fit_transformer_activations(
     measure: Callable[[int, int], int], lengths: tuple[int, int, int] = (32, 64, 128)
 ) -> _TransformerActivations:
     """Return :class:`_TransformerActivations` fitted to ``measure(num_layers, length)`` (the
@@ -526,4 +527,4 @@ def measure_bert_shape(
                                 autocast_dtype=autocast_dtype)
 
     return TransformerShape(one - (two - one), two - one,
-                            _fit_transformer_activations(measure, lengths))
+                            fit_transformer_activations(measure, lengths))

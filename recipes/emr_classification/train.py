@@ -2,7 +2,8 @@
 
     python -m recipes.emr_classification.train --accumulation-steps 4 --micro-batch-size 8 \\
         --checkpoint-dir build/run --resume --json build/run/log.json
-    torchrun --standalone --nproc_per_node=2 --max-restarts=1 -m recipes.emr_classification.train ...
+    torchrun --standalone --nproc_per_node=2 --max-restarts=1 \\
+        -m recipes.emr_classification.train ...
 
 The same command runs as one process or under ``torchrun`` (gloo on CPU, nccl on CUDA), on
 one node or several. The job owns its epochs, the way a torchtune recipe does: each epoch,
@@ -29,18 +30,19 @@ dropped in silence.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
 import io
-import itertools
 import json
 import math
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -49,10 +51,14 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 from tqdm.auto import tqdm
 
-from gradaccum_course.agent import run_worker  # TODO(recipe): no course import
 from gradaccum_lib.accumulation import accumulate_window
 from gradaccum_lib.batches import split_into_micro_batches, windows_of
-from gradaccum_lib.distributed import DistributedContext, init_distributed, process_group_session
+from gradaccum_lib.distributed import (
+    DistributedContext,
+    agree_on_windows,
+    init_distributed,
+    process_group_session,
+)
 from gradaccum_lib.losses import bert_classification_loss
 from gradaccum_lib.measure.comm import CommCounter
 from gradaccum_lib.measure.metrics import classification_scores, predict_classes
@@ -101,13 +107,29 @@ def _positive_float(text: str) -> float:
     return value
 
 
+#: more epochs than any run of the case study needs (the gpu profile trains 20): a typo's
+#: 1000000000 would otherwise run until stopped
+_MAX_EPOCHS = 10_000
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, refusing a bad command line in one line (no usage block), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
+
+
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Return the command line parsed and checked (argparse errors for bad flags)."""
-    parser = argparse.ArgumentParser(prog="python -m recipes.emr_classification.train",
-                                     description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="python -m recipes.emr_classification.train",
+                     description=__doc__.split("\n\n")[0])
     _add_run_flags(parser.add_argument)
     _add_job_flags(parser.add_argument)
     arguments = parser.parse_args(argv)
+    if arguments.epochs > _MAX_EPOCHS:
+        parser.error(f"--epochs must be at most {_MAX_EPOCHS:,}; got {arguments.epochs:,}")
+    if not 0.0 <= arguments.window_delay <= 60.0:  # NaN fails too
+        parser.error(f"--window-delay must be between 0 and 60 s; got {arguments.window_delay}")
     if not 0.0 <= arguments.dropout < 1.0:
         parser.error(f"--dropout must be in [0, 1); got {arguments.dropout}")
     if arguments.max_length > 512:
@@ -378,15 +400,16 @@ def _train(job: _Job) -> None:
     arguments, ctx = job.arguments, job.ctx
     checkpoint, every = job.path(_CHECKPOINT), arguments.checkpoint_every
     for epoch in range(job.epoch, arguments.epochs):
-        micro_batches = ({key: column[rows].to(ctx.device) for key, column in job.columns.items()}
-                         for rows in _rows(job, epoch, ctx.rank).split(arguments.micro_batch_size))
-        windows = itertools.islice(windows_of(micro_batches, arguments.accumulation_steps),
-                                   job.windows_done, None)  # a resume skips what it trained
+        rows = list(_rows(job, epoch, ctx.rank).split(arguments.micro_batch_size))
+        windows = list(windows_of(rows, arguments.accumulation_steps))  # of row indices
+        agree_on_windows(job.model, windows)  # every rank holds as many, or every rank stops
         # at most one redraw a second: each is a message to a notebook's front end
         with tqdm(total=job.windows_per_epoch, initial=job.windows_done, desc=f"epoch {epoch}",
                   unit="step", disable=arguments.no_progress or not ctx.is_main,
                   mininterval=1.0) as bar:
-            for window in windows:
+            for rows_of_window in windows[job.windows_done:]:  # a resume skips what it trained
+                window = [{key: column[part].to(ctx.device) for key, column in job.columns.items()}
+                          for part in rows_of_window]
                 lr = job.optimizer.param_groups[0]["lr"]
                 result = accumulate_window(
                     job.model, job.optimizer, window, bert_classification_loss,
@@ -806,5 +829,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _die_with_agent() -> None:
+    """Under torchrun on Linux, have the kernel send this worker SIGTERM when its parent, the
+    torchrun agent, dies: a killed agent (or the notebook kernel that started it) must not
+    leave workers training on."""
+    if "TORCHELASTIC_RUN_ID" in os.environ and sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
 if __name__ == "__main__":
-    run_worker(main)
+    _die_with_agent()
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # under torchrun, skip the interpreter's finalisation: gloo's threads can abort it
+    # ("terminate called without an active exception", about one run in ten) after the work
+    os._exit(code) if "TORCHELASTIC_RUN_ID" in os.environ else sys.exit(code)

@@ -200,7 +200,8 @@ def test_the_readme_and_the_docs_pages_open_and_lead_to_the_notebooks(offline, s
              "the README's notebook map, row 01")
     offline.follow("docs/training.html")
     assert page.locator("h1").first.inner_text().startswith("Training the case study")
-    assert "recipes.emr_classification.train" in page.locator("div.highlight pre").first.inner_text()
+    command = page.locator("div.highlight pre").first.inner_text()
+    assert "recipes.emr_classification.train" in command
     offline.screenshot("docs-training")
     offline.follow("security.html")  # docs -> docs
     assert page.locator("h1").first.inner_text().startswith("Security note")

@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import fully_shard
 
-from gradaccum_course.agent import run_worker
+from gradaccum_course.launch import run_worker
 from gradaccum_lib.accumulation import accumulate_window
 from gradaccum_lib.batches import split_into_micro_batches, windows_of
 from gradaccum_lib.distributed import init_distributed, process_group_session

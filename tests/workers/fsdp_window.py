@@ -8,8 +8,10 @@ parameters, the windows' items and losses, the all-reduces per window
 (``ProcessGroup.allreduce``, whoever calls it) and the hook's synchronising backward passes.
 After training, registering a hook must work on a model without one (the loop took no slot)
 and fail on a model with the user's. Then a NaN loss on rank 1's second micro-batch: every rank
-raises, no rank steps; the same with a count of -1 there; then a window rank 1 has no
-micro-batches for (its data ran out): every rank raises, naming rank 1. Rank 0 writes JSON.
+raises, no rank steps; the same with a count of -1 there; then ``agree_on_windows`` (what
+the program that makes the windows calls once per epoch) over windows rank 1 has none of (2 | 0),
+one window fewer on rank 1 (it stops calling), and 3 | 2 micro-batches: every rank raises,
+naming rank 1, except DDP at 3 | 2, which is exact. Rank 0 writes JSON.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from gradaccum_course.agent import run_worker
+from gradaccum_course.launch import run_worker
+from gradaccum_course.programs import syncing_every_micro_step
 from gradaccum_lib.accumulation import accumulate_window
 from gradaccum_lib.batches import NonFiniteLossError, split_into_micro_batches
-from gradaccum_lib.distributed import init_distributed, process_group_session
+from gradaccum_lib.distributed import agree_on_windows, init_distributed, process_group_session
 from gradaccum_lib.equivalence import full_batch_gradients
 from gradaccum_lib.losses import sample_classification_loss
 from gradaccum_lib.workloads.data import make_toy_classification
@@ -74,13 +77,13 @@ def _parameters(model: torch.nn.Module) -> list[float]:
 
 def _train(how: str, windows: list) -> dict:
     model = _model(how)
+    if how.endswith("sync every micro-step"):  # the slow way: the sync switch does nothing
+        syncing_every_micro_step(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     all_reduces, syncs, results = [], [], []
     for window in windows:
         before, synced = CALLS["all_reduce"], CALLS["hook_syncs"]
-        results.append(accumulate_window(
-            model, optimizer, window, sample_classification_loss,
-            sync_every_micro_step=how.endswith("sync every micro-step")))
+        results.append(accumulate_window(model, optimizer, window, sample_classification_loss))
         all_reduces.append(CALLS["all_reduce"] - before)
         syncs.append(CALLS["hook_syncs"] - synced)
     slot = "fsdp2"
@@ -117,26 +120,47 @@ def _window_samples(batch: tuple, rank: int, w: int) -> tuple:
     return batch[0][start:end], batch[1][start:end]
 
 
-def _empty_case(how: str, window: list, rank: int) -> tuple[str, bool, float]:
-    """One window that rank 1 has no micro-batches for (its data ran out): what each rank
-    raised, whether it stepped, and how long the call took."""
+def _agreement_case(how: str, windows: list) -> tuple[str, float]:
+    """``agree_on_windows`` over this rank's ``windows`` and, if they agree, every window
+    through the loop: what this rank raised (or "no error"), and how long it took."""
     model = _model(how)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    before = _parameters(model)
     start = time.monotonic()
     try:
-        accumulate_window(model, optimizer, window if rank == 0 else [],
-                          sample_classification_loss)
+        agree_on_windows(model, windows)
+        for window in windows:
+            accumulate_window(model, optimizer, window, sample_classification_loss)
         raised = "no error"
     except ValueError as error:
         raised = f"{type(error).__name__}: {error}"
-    return raised, _parameters(model) != before, time.monotonic() - start
+    return raised, time.monotonic() - start
+
+
+def _uneven_exact(window: list, rank: int) -> float:
+    """DDP over a window of 3 micro-batches on rank 0 and 2 on rank 1: the largest difference
+    between the gradient stepped on (SGD, lr 1) and the full batch's of both ranks' samples."""
+    model = _model("ddp")
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    agree_on_windows(model, [window])
+    accumulate_window(model, optimizer, window, sample_classification_loss)
+    everywhere = [None, None]
+    dist.all_gather_object(everywhere, [tuple(t.tolist() for t in mb) for mb in window])
+    inputs, labels = (torch.tensor(sum((list(mb[i]) for part in everywhere for mb in part), []),
+                                   dtype=dtype) for i, dtype in ((0, torch.float64),
+                                                                 (1, torch.long)))
+    truth = full_batch_gradients(make_mlp(6, 32, 3, seed=0, dtype=torch.float64),
+                                 sample_classification_loss, (inputs, labels))
+    stepped = [b - p.detach() for b, p in zip(before, model.parameters(), strict=True)]
+    return max(float((s - g).abs().max()) for s, g in zip(stepped, truth.values(), strict=True))
 
 
 def _bad_case(how: str, window: list, rank: int, what: str) -> tuple[str, bool]:
     """One window in which rank 1's second micro-batch has a NaN loss (``what="nan"``) or a
     count of -1 (``"count"``): what each rank raised, and whether it stepped."""
     model = _model(how)
+    if how.endswith("sync every micro-step"):  # the slow way: the sync switch does nothing
+        syncing_every_micro_step(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     before = _parameters(model)
     inputs, labels = window[1]
@@ -183,12 +207,19 @@ def main() -> int:
             dist.all_gather_object(everywhere, (raised, stepped))
             results[f"{what}, {kind}"] = {"raised": [r for r, _ in everywhere],
                                           "stepped": [s for _, s in everywhere]}
+        full = windows[0]  # 2 micro-batches on each rank
+        three = split_into_micro_batches(_window_samples(data[ctx.rank], ctx.rank, 0),
+                                         accumulation_steps=3 if ctx.rank == 0 else 2)
+        cases = {"empty": [full] if ctx.rank == 0 else [[]],  # 2 | 0: rank 1's data ran out
+                 "stops": [full, full] if ctx.rank == 0 else [full],  # rank 1 stops calling
+                 "3 | 2": [three]}
         for kind in ("ddp", "fsdp2"):
-            everywhere = [None, None]
-            dist.all_gather_object(everywhere, _empty_case(kind, windows[1], ctx.rank))
-            results[f"empty, {kind}"] = {"raised": [r for r, _, _ in everywhere],
-                                         "stepped": [s for _, s, _ in everywhere],
-                                         "seconds": [t for _, _, t in everywhere]}
+            for name, its_windows in cases.items():
+                everywhere = [None, None]
+                dist.all_gather_object(everywhere, _agreement_case(kind, its_windows))
+                results[f"{name}, {kind}"] = {"raised": [r for r, _ in everywhere],
+                                              "seconds": [s for _, s in everywhere]}
+        results["3 | 2, ddp, gradient error"] = _uneven_exact(three, ctx.rank)
         if ctx.is_main:
             with open(arguments.json, "w") as handle:
                 json.dump(results, handle)

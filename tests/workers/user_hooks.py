@@ -23,7 +23,7 @@ from torch._C._distributed_c10d import ProcessGroup
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from gradaccum_course.agent import run_worker
+from gradaccum_course.launch import run_worker
 from gradaccum_lib.accumulation import accumulate_window
 from gradaccum_lib.batches import NonFiniteLossError, split_into_micro_batches
 from gradaccum_lib.distributed import init_distributed, process_group_session
