@@ -28,8 +28,9 @@ micro-batch has run, after the first backward. Summed losses add up to exactly t
 summed loss, and one multiply by ``world_size / items`` turns DDP's average over ranks into the
 mean over the window's items. The cost: one pass over the gradients a window. With fp16, a
 summed loss is ``items`` times a mean loss, and fp16 overflows inside each micro-batch's own
-backward: GradScaler settles on a scale about ``items_per_micro_batch`` times smaller than for
-a mean loss (``init_scale=2**16 / items_per_micro_batch`` starts it near there).
+backward, so the scale must allow for a micro-batch's summed loss, not the window's:
+``init_scale=2**16 / items_per_micro_batch`` is a start that steps (notebook 09 measures it);
+GradScaler's default, made for a mean loss, skips steps until it has come down.
 """
 
 from __future__ import annotations
