@@ -355,7 +355,7 @@ class _CountOps(TorchDispatchMode):
 def _extra_ops_per_window(k: int) -> int:
     """Tensor operations of one window of accumulate_window minus the bare nanoGPT loop's, on
     the same model, data and AdamW (a window first, so that the optimizer's state exists)."""
-    from gradaccum_course.audits.frameworks import _bare_loop
+    from gradaccum_course.audits.frameworks import bare_loop
 
     window = split_into_micro_batches(make_toy_classification(16, 8, 2, dtype=torch.float32),
                                       accumulation_steps=k)
@@ -365,7 +365,7 @@ def _extra_ops_per_window(k: int) -> int:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         step = (functools.partial(accumulate_window, model, optimizer, window,
                                   sample_classification_loss) if loop == "library"
-                else functools.partial(_bare_loop(model, optimizer, k, lambda m, b: (
+                else functools.partial(bare_loop(model, optimizer, k, lambda m, b: (
                     sample_classification_loss(m, b)[0] / len(b[1]))), window))
         step()
         with _CountOps() as counter:

@@ -1,6 +1,6 @@
 """launch() under failure: no process of a run outlives it (timeout, interrupt, caller ended by
-a signal or a kernel restart, torchrun's agent or the run's supervisor killed, even with the
-caller), a timeout names the ranks that hung, and more.
+a signal or a kernel restart, torchrun's agent killed, even with the caller: nothing alive
+5 s later), a timeout names the ranks that hung and carries their stacks, and more.
 
 Each check looks at the processes of its OWN run (pids the run's workers wrote, pids launch
 recorded, the test's own process tree), never at the whole machine: other runs may share it.
@@ -23,6 +23,7 @@ import psutil
 import pytest
 
 from gradaccum_course.launch import LaunchError, LaunchTimeout, launch
+from gradaccum_lib.distributed import STORE_FILE_VARIABLE
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -63,11 +64,12 @@ def _wait_until_gone(pids: list[int], timeout_seconds: float) -> float:
     return time.monotonic() - start
 
 
-def _supervisor_of(caller: int) -> tuple[int, Path]:
-    """Return the pid of the run's supervisor (run_agent) that ``caller`` started, and the
-    run's folder (its 6th argument)."""
-    [supervisor] = psutil.Process(caller).children()
-    return supervisor.pid, Path(supervisor.cmdline()[5])
+def _agent_of(caller: int) -> tuple[int, Path]:
+    """Return the pid of the torchrun agent that launch() started in ``caller``, and the run's
+    folder (``python -m gradaccum_course.launch CALLER_PID FOLDER ...``)."""
+    [agent] = [process for process in psutil.Process(caller).children()
+               if "gradaccum_course.launch" in process.cmdline()]
+    return agent.pid, Path(agent.cmdline()[4])
 
 
 def _kill(pids: Iterable[int]) -> None:
@@ -78,13 +80,13 @@ def _kill(pids: Iterable[int]) -> None:
 
 
 def test_workers_that_ignore_sigterm_are_killed_at_the_timeout(tmp_path):
-    # each rank AND its child (own session, not the agent's) ignore SIGTERM for good: 6
-    # processes (run_agent, torchrun's agent, 2 ranks, 2 children)
+    # each rank AND its child (own session, not the agent's) ignore SIGTERM for good: 5
+    # processes (torchrun's agent, 2 ranks, 2 children)
     names = ["rank-0", "rank-1", "rank-0-child", "rank-1-child"]
     start = time.monotonic()
     with pytest.raises(LaunchTimeout, match=r"did not finish within 15 s; ranks still running "
                                             r"at the timeout: \[0, 1\]; every process of the "
-                                            r"run \(6\) was killed") as info:
+                                            r"run \(5\) was killed") as info:
         launch(SLOW_TO_DIE, ["--ready-dir", str(tmp_path)], timeout_seconds=15)
     seconds = time.monotonic() - start
     started = _ready_pids(tmp_path, names, 0)
@@ -92,7 +94,7 @@ def test_workers_that_ignore_sigterm_are_killed_at_the_timeout(tmp_path):
         assert set(started) <= set(info.value.process_ids)  # the children were recorded too
         assert _running(info.value.process_ids) == []
         assert info.value.unfinished_ranks == (0, 1)
-        assert seconds < 15 + 2 + 5  # the timeout, the SIGTERM grace, the SIGKILL
+        assert seconds < 15 + 5  # stacks (<= 1 s), SIGTERM grace (2 s), SIGKILL: < 5 s
     finally:
         _kill(started)
 
@@ -113,10 +115,12 @@ def test_an_interrupted_caller_leaves_no_process(tmp_path):
                               60)
         run = [process.pid for process in psutil.Process(caller.pid).children(recursive=True)]
         assert set(started) <= set(run)
+        start = time.monotonic()
         caller.send_signal(signal.SIGINT)
         _, caller_stderr = caller.communicate(timeout=30)
         assert "KeyboardInterrupt" in caller_stderr
         assert _running(run) == []
+        assert time.monotonic() - start < 5  # the SIGTERM grace, then SIGKILL
     finally:
         caller.kill()
         _kill(started)
@@ -148,7 +152,7 @@ def test_workers_die_with_a_killed_agent(tmp_path):
 _ORPHAN = """
 import os, sys, time
 from pathlib import Path
-from gradaccum_course.agent import run_worker  # imported first, as the job's modules do
+from gradaccum_course.launch import run_worker  # imported first, as the job's modules do
 (Path(sys.argv[1]) / f"rank-{os.environ['RANK']}").write_text(str(os.getpid()))
 agent = os.getppid()
 while os.getppid() == agent:  # the test kills the agent now
@@ -180,48 +184,27 @@ def test_workers_exit_when_their_agent_died_before_run_worker(tmp_path):
 
 
 def test_a_worker_exits_at_once_when_its_agent_is_already_gone(tmp_path):
-    # launch() tells its workers the agent's pid: one whose parent is another process exits
+    # launch()'s agent tells its workers its pid: one whose parent is another process exits
     # (4194305 is above Linux's largest pid: no process has it)
     run_id = "gradaccum-test"
     worker = subprocess.run(
-        [sys.executable, "-c", "from gradaccum_course.agent import run_worker; "
+        [sys.executable, "-c", "from gradaccum_course.launch import run_worker; "
          "run_worker(lambda: 0)"], cwd=ROOT, capture_output=True, text=True, timeout=60,
         env={**os.environ, "TORCHELASTIC_RUN_ID": run_id,
              "GRADACCUM_AGENT": f"{run_id}:4194305"})
     assert worker.returncode == 1
     assert "torchrun agent (pid 4194305) is gone" in worker.stderr
-    # and a supervisor whose caller is already gone exits before starting torchrun, and
-    # removes the run's folder
-    (tmp_path / "run").mkdir()
-    agent = subprocess.run([sys.executable, "-c", "import sys; from gradaccum_course.agent "
-                            "import run_agent; run_agent('4194305', sys.argv[1], 'run')",
-                            str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True,
-                           timeout=60)
-    assert agent.returncode == 1 and "caller of launch() (pid 4194305) is gone" in agent.stderr
-    assert not (tmp_path / "run").exists()
-
-
-def test_the_watchdog_exits_a_process_whose_parent_dies(tmp_path):
-    # the supervisors' watch, and the workers' where prctl(PR_SET_PDEATHSIG) is not available
-    ready = tmp_path / "child"
-    child_code = ("import os, sys, time; "
-                  "from gradaccum_course.agent import _exit_orphaned, _when_orphaned; "
-                  "_when_orphaned(os.getppid(), lambda: _exit_orphaned(0)); "
-                  "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)")
-    parent = subprocess.Popen(
-        [sys.executable, "-c", "import subprocess, sys, time; "
-         "subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]]); time.sleep(60)",
-         child_code, str(ready)], cwd=ROOT)
-    child: list[int] = []
-    try:
-        child = _ready_pids(tmp_path, ["child"], 60)
-        parent.kill()
-        parent.wait()
-        assert _wait_until_gone(child, 5) < 5
-    finally:
-        parent.kill()
-        parent.wait()
-        _kill(child)
+    # and launch()'s agent whose caller is already gone starts no worker and removes the
+    # run's folder
+    folder = tmp_path / "run"
+    folder.mkdir()
+    agent = subprocess.run(
+        [sys.executable, "-m", "gradaccum_course.launch", "4194305", str(folder), run_id,
+         "--standalone", "--nproc_per_node=1", HANG, "--ready-dir", str(tmp_path),
+         "--json", str(folder / "out.json")], cwd=ROOT, capture_output=True, text=True,
+        timeout=60, env={**os.environ, STORE_FILE_VARIABLE: f"{run_id}:{folder / 'store'}"})
+    assert agent.returncode == 1, agent.stderr
+    assert not folder.exists() and not (tmp_path / "rank-0").exists()
 
 
 def test_the_timeout_error_names_the_rank_that_hung(tmp_path):
@@ -252,8 +235,8 @@ def test_a_run_listens_on_loopback_only(tmp_path):
     try:
         _ready_pids(tmp_path, ["rank-0", "rank-1"], 60)  # both ranks joined the process group
         run = [process for process in psutil.Process().children(recursive=True)
-               if process.pid not in before]  # run_agent, torchrun's agent, the workers
-        assert len(run) == 4
+               if process.pid not in before]  # torchrun's agent, the workers
+        assert len(run) == 3
         listening = {process.pid: {(connection.laddr.ip, connection.laddr.port)
                                    for connection in process.net_connections("inet")
                                    if connection.status == psutil.CONN_LISTEN}
@@ -286,13 +269,13 @@ def test_a_caller_ended_by_a_signal_leaves_no_process(tmp_path, signum, thread):
     try:
         started = _ready_pids(tmp_path, ["rank-0", "rank-1"], 60)
         run = [process.pid for process in psutil.Process(caller.pid).children(recursive=True)]
-        assert set(started) < set(run) and len(run) == 4  # 2 agents and both workers
-        folder = _supervisor_of(caller.pid)[1]
+        assert set(started) < set(run) and len(run) == 3  # the agent and both workers
+        folder = _agent_of(caller.pid)[1]
         caller.send_signal(signum)
         seconds = _wait_until_gone(run, 5)
         print(f"{signal.Signals(signum).name} (thread: {thread}): run gone in {seconds:.2f} s")
         assert caller.wait(30) == -signum
-        assert not folder.exists()  # the supervisor removed it
+        assert not folder.exists()  # the agent removed it
     finally:
         caller.kill()
         caller.wait()
@@ -317,7 +300,7 @@ def test_restarting_the_kernel_leaves_no_process(tmp_path, slow_to_die):
         kernel = manager.provisioner.process.pid
         run = [process.pid for process in psutil.Process(kernel).children(recursive=True)]
         assert set(started) < set(run)
-        folder = _supervisor_of(kernel)[1]
+        folder = _agent_of(kernel)[1]
         start = time.monotonic()
         manager.restart_kernel(now=True)
         _wait_until_gone(run, 5 - (time.monotonic() - start))
@@ -339,10 +322,12 @@ def test_a_dead_agent_is_named_in_the_error(tmp_path, signum, verb):
         workers = _ready_pids(tmp_path, ["rank-0", "rank-1"], 60)
         agent = psutil.Process(workers[0]).ppid()
         assert signal.getsignal(signal.SIGTERM) is before
+        start = time.monotonic()
         os.kill(agent, signum)
         with pytest.raises(LaunchError, match=rf"the torchrun agent \(pid {agent}\) was {verb} "
                                               rf"by {signum.name}") as info:
             future.result(60)
+        assert time.monotonic() - start < 5  # launch() returns within 5 s
     assert info.value.root_cause_rank is None
     assert _running(info.value.process_ids) == []
 
@@ -359,28 +344,28 @@ def test_the_store_file_is_read_only_under_the_run_launch_started(monkeypatch):
     assert _store_file() == "/tmp/a:b/store"
 
 
-@pytest.mark.parametrize("with_supervisor", [False, True], ids=["caller", "caller-and-supervisor"])
-def test_a_caller_killed_hard_leaves_no_slow_worker_after_5_s(tmp_path, with_supervisor):
-    # plain workers (no run_worker) that ignore SIGTERM, and their children in sessions of
-    # their own: after a SIGKILL of launch()'s caller (and of the run's supervisor with it:
-    # then torchrun's agent ends the run), the run's own grace, then SIGKILL
+@pytest.mark.parametrize("with_agent", [False, True], ids=["caller", "caller-and-agent"])
+def test_a_caller_killed_hard_leaves_no_process_after_5_s(tmp_path, with_agent):
+    # caller: plain workers (no run_worker) that ignore SIGTERM, and their children in
+    # sessions of their own, ended by the agent (SIGTERM, its grace, SIGKILL) on the kernel's
+    # parent-death signal. caller-and-agent: nothing of launch() is left to end plain
+    # workers, so the workers are run_worker's, which die with their agent
     caller = subprocess.Popen([sys.executable, CALLER, "--ready-dir", str(tmp_path),
-                               "--slow-to-die"], cwd=ROOT)
+                               *([] if with_agent else ["--slow-to-die"])], cwd=ROOT)
+    names = ["rank-0", "rank-1", *([] if with_agent else ["rank-0-child", "rank-1-child"])]
     run: list[int] = []
     try:
-        started = _ready_pids(tmp_path, ["rank-0", "rank-1", "rank-0-child", "rank-1-child"],
-                              60)
+        started = _ready_pids(tmp_path, names, 60)
         run = [process.pid for process in psutil.Process(caller.pid).children(recursive=True)]
         assert set(started) < set(run)
-        supervisor, folder = _supervisor_of(caller.pid)
-        if with_supervisor:
-            os.kill(supervisor, signal.SIGKILL)
+        agent, folder = _agent_of(caller.pid)
+        if with_agent:
+            os.kill(agent, signal.SIGKILL)
         caller.kill()
         caller.wait()
         seconds = _wait_until_gone(run, 5)
-        print(f"caller SIGKILLed (supervisor too: {with_supervisor}), slow workers: run gone "
-              f"in {seconds:.2f} s")
-        assert not folder.exists()
+        print(f"caller SIGKILLed (agent too: {with_agent}): run gone in {seconds:.2f} s")
+        assert with_agent or not folder.exists()
     finally:
         caller.kill()
         caller.wait()
@@ -417,7 +402,7 @@ def test_no_worker_escapes_an_agent_killed_as_it_starts_them(tmp_path):
             seen = _kill_the_agent_when_a_worker_starts(before, 60)
             with pytest.raises(LaunchError, match=r"the torchrun agent \(pid \d+\) was killed "
                                                   r"by SIGKILL"):
-                future.result(60)
+                future.result(60)  # launch() also ends the workers it did not see start
             seconds = _wait_until_gone(seen, 5)
             late = [int(path.read_text()) for path in tmp_path.iterdir() if path.read_text()]
             assert _running(late) == []  # the pids they wrote, children included
@@ -425,26 +410,3 @@ def test_no_worker_escapes_an_agent_killed_as_it_starts_them(tmp_path):
         finally:
             _kill(seen)
             _kill(int(path.read_text()) for path in tmp_path.iterdir() if path.read_text())
-
-
-def test_a_killed_supervisor_is_named_and_its_run_ends(tmp_path):
-    # run_agent SIGKILLed while its slow workers run: torchrun's agent ends the run, and
-    # launch() returns as soon as every process it saw is gone, naming the supervisor
-    before = {process.pid for process in psutil.Process().children()}
-    names = ["rank-0", "rank-1", "rank-0-child", "rank-1-child"]
-    with ThreadPoolExecutor(1) as runner:
-        future = runner.submit(launch, SLOW_TO_DIE, ["--ready-dir", str(tmp_path)],
-                               timeout_seconds=120)
-        started = _ready_pids(tmp_path, names, 60)
-        try:
-            [supervisor] = [process.pid for process in psutil.Process().children()
-                            if process.pid not in before]
-            start = time.monotonic()
-            os.kill(supervisor, signal.SIGKILL)
-            with pytest.raises(LaunchError, match=rf"the run's supervisor run_agent \(pid "
-                                                  rf"{supervisor}\) was killed by SIGKILL"):
-                future.result(5)
-            print(f"supervisor SIGKILLed: launch() raised in {time.monotonic() - start:.2f} s")
-            assert _running(started) == []
-        finally:
-            _kill(started)

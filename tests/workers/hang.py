@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from gradaccum_course.agent import run_worker
+from gradaccum_course.launch import run_worker
 from gradaccum_lib.distributed import init_distributed
 
 
