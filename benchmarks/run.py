@@ -295,7 +295,7 @@ def bert_at_length(vocab_size: int, notes: dict, ks: Sequence[int], sizes: Seque
 def ddp_communication(ks: Sequence[int], quick: bool) -> list[dict]:
     """Return bytes, syncs and seconds per optimizer step under DDP (2 gloo processes), per k,
     syncing once per window and every micro-step."""
-    result = launch(str(HERE.parent / "scripts" / "ddp.py"), [
+    result = launch("gradaccum_course.programs.ddp", [
         "--accumulation-steps", "1", "--sweep", ",".join(map(str, ks)),
         "--micro-batch-size", "8", "--steps", "3" if quick else "8", "--dtype", "float32",
         "--hidden-dim", "64" if quick else "512"], nproc_per_node=2, timeout_seconds=600)

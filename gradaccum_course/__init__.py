@@ -17,11 +17,12 @@ BUILD_VARIABLE = "GRADACCUM_BUILD"
 def build_dir() -> Path:
     """Return the folder the notebooks write to, created: ``$GRADACCUM_BUILD`` if set, else
     ``build/`` in :func:`checkout` (the same folder from an English notebook, its Chinese twin
-    or a solution)."""
+    or a solution), as a path relative to the current folder."""
     chosen = os.environ.get(BUILD_VARIABLE)
-    folder = Path(chosen) if chosen else checkout() / "build"
+    folder = (Path(chosen) if chosen else
+              Path(os.path.relpath(checkout() / "build", Path.cwd().resolve())))
     folder.mkdir(parents=True, exist_ok=True)
-    return folder
+    return folder  # relative to here unless chosen: what a cell prints holds no home folder
 
 
 def checkout() -> Path:

@@ -296,7 +296,7 @@ def test_links_to_files_outside_the_notebooks_go_to_copies_in_the_site(site):
     text = (ROOT / "gradaccum_course" / "programs" / "memory_probe.py").read_text()
     shown = html.unescape(copy.split('<pre id="source"><code>', 1)[1].split("</code></pre>")[0])
     assert shown == build_site.site_pages.as_text(text)
-    assert 'href="../../05_ddp_torchrun.html"' in copy  # back to the page that links it
+    assert 'href="../../../05_ddp_torchrun.html"' in copy  # back to the page that links it
 
 
 def test_each_page_has_contents_linking_its_headings(site):
