@@ -12,6 +12,8 @@ __all__ = ["build_dir", "checkout"]
 
 #: overrides where the notebooks write their programs and results
 BUILD_VARIABLE = "GRADACCUM_BUILD"
+#: names the checkout when the notebooks run from a copy outside it (a test's lab folder)
+CHECKOUT_VARIABLE = "GRADACCUM_CHECKOUT"
 
 
 def build_dir() -> Path:
@@ -26,8 +28,11 @@ def build_dir() -> Path:
 
 
 def checkout() -> Path:
-    """Return the checkout of the series that holds the current folder: the nearest folder up
-    with a ``pyproject.toml`` and ``notebooks/`` (the current folder if none is)."""
+    """Return the checkout of the series: ``$GRADACCUM_CHECKOUT`` if set, else the nearest
+    folder up from the current one with a ``pyproject.toml`` and ``notebooks/`` (the current
+    folder if none is)."""
+    if os.environ.get(CHECKOUT_VARIABLE):
+        return Path(os.environ[CHECKOUT_VARIABLE])
     here = Path.cwd().resolve()
     return next((folder for folder in (here, *here.parents)
                  if (folder / "pyproject.toml").is_file() and (folder / "notebooks").is_dir()),

@@ -186,7 +186,8 @@ def test_a_notebook_links_its_solutions_and_its_source_files(offline, site):
 
     page.goto((site / "05_ddp_torchrun.html").as_uri())
     offline.follow("source/gradaccum_course/programs/memory_probe.py.html")
-    first_line = (ROOT / "scripts" / "memory_probe.py").read_text().splitlines()[0]
+    first_line = (ROOT / "gradaccum_course" / "programs" / "memory_probe.py").read_text(
+        ).splitlines()[0]
     assert page.locator("pre#source").inner_text().startswith(first_line)
     offline.follow("../../index.html")
 

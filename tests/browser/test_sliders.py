@@ -75,7 +75,8 @@ def lab(tmp_path_factory):
     # widgets on open; the signatures go to a data folder of this test's own
     data_dir = tmp_path_factory.mktemp("jupyter-data")
     env = {**os.environ, "GRADACCUM_PROFILE": "ci", "OMP_NUM_THREADS": "1",
-           "JUPYTER_DATA_DIR": str(data_dir)}
+           "JUPYTER_DATA_DIR": str(data_dir),  # the copies read the checkout's recorded files
+           "GRADACCUM_CHECKOUT": str(ROOT), "GRADACCUM_BUILD": str(workdir / "build")}
     subprocess.run([str(Path(sys.executable).parent / "jupyter"), "trust",
                     *sorted(str(p) for p in [*workdir.glob("*.ipynb"),
                                              *workdir.glob("zh/*.ipynb")])],
