@@ -189,7 +189,7 @@ def test_a_notebook_links_its_solutions_and_its_source_files(offline, site):
     first_line = (ROOT / "gradaccum_course" / "programs" / "memory_probe.py").read_text(
         ).splitlines()[0]
     assert page.locator("pre#source").inner_text().startswith(first_line)
-    offline.follow("../../index.html")
+    offline.follow("../../../index.html")  # source/gradaccum_course/programs/ -> the index
 
 
 def test_the_readme_and_the_docs_pages_open_and_lead_to_the_notebooks(offline, site):
