@@ -129,6 +129,10 @@ def agree_on_windows(model: torch.nn.Module, windows: Sequence[Sequence[object]]
     backward, so its ranks must also run as many micro-steps per window; DDP only all-reduces
     on the last one, so there each rank may hold its own number (3 | 2 is exact).
     """
+    if isinstance(windows, (str, bytes)) or not isinstance(windows, Sequence) or not all(
+            isinstance(window, Sequence) for window in windows):
+        raise TypeError("windows must be a list of windows (lists of micro-batches), all of the "
+                        f"epoch's, made before the first; got {type(windows).__name__}")
     if not (dist.is_available() and dist.is_initialized()):
         return
     group = getattr(model, "process_group", None)  # DDP's group; None: the default one

@@ -31,6 +31,7 @@ from gradaccum_lib import (
 )
 from gradaccum_lib import batches as batches_module
 from gradaccum_lib.accumulation import accumulate_window
+from gradaccum_lib.distributed import agree_on_windows
 from gradaccum_lib.losses import sample_classification_loss as LOSS
 from gradaccum_lib.measure import memory, metrics, noise, planning
 from gradaccum_lib.workloads import data, models
@@ -709,6 +710,9 @@ CASES = [
     row("ddp-input-dim-0", lambda tmp: parse_arguments(DDP_REQUIRED + ["--input-dim", "0"]),
         SystemExit, r"--input-dim must be >= 1"),
     # ---- the loop: accumulate_window's arguments
+    row("agree-windows-generator", lambda tmp: agree_on_windows(
+        torch.nn.Linear(2, 2), (window for window in [PARTS])), T,
+        r"windows must be a list of windows .* got generator"),
     row("window-model-str", lambda tmp: accumulate_window("model", None, PARTS, LOSS), T,
         r"model must be a torch\.nn\.Module; got str"),
     row("window-optimizer-str", lambda tmp: _window(optimizer="adam"), T,

@@ -10,10 +10,10 @@ one node or several. The job owns its epochs, the way a torchtune recipe does: e
 every rank takes its ``DistributedSampler`` shard of the shipped EMR corpus, cuts it into
 micro-batches and windows (``windows_of``), agrees with the other ranks that each holds as
 many (``agree_on_windows``: otherwise every rank stops, naming the short one) and calls the
-series' one loop, :func:`~gradaccum_lib.accumulation.accumulate_window`, once per window. Rank 0 shows a progress
-bar, keeps the per-window history, writes atomic checkpoints every ``--checkpoint-every``
-windows and at each epoch's end, evaluates the whole validation split after each epoch
-(gathered across ranks, no sample counted twice), writes ``final.pt`` (the model's
+series' one loop, :func:`~gradaccum_lib.accumulation.accumulate_window`, once per window. Rank 0
+shows a progress bar, keeps the per-window history, writes atomic checkpoints every
+``--checkpoint-every`` windows and at each epoch's end, evaluates the whole validation split
+after each epoch (gathered across ranks, no sample counted twice), writes ``final.pt`` (the model's
 ``state_dict``) and the JSON log, and prints the path of every file it wrote.
 
 Its command line is checked before anything is built or written: the flags, the sizes against
