@@ -1,21 +1,19 @@
-"""Notebook 00 opens with the two-minute spoken answer, notebook 09 with the answer card, each in
-English and in Chinese: the same numbers, the same code, every number printed by a cell of 00 or
-09, the spoken answers short enough to say in two minutes, and the card's loop the library's
-function, shown from its source in 00 and run by 09's cells and the program 09 launches."""
+"""Notebook 00 opens with the article's three verdicts and the two-minute spoken answer, notebook 09
+with the answer card, each in English and in Chinese: the same numbers, the same code, every
+number printed by a cell of 00 or 09, the spoken answers short enough to say in two minutes, and
+the card's loop the library's function, run by 09's cells and the program 09 launches (00 points
+to where its source is shown, and prints none)."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 from pathlib import Path
 
 from prose_numbers import NUMBER, numbers
 
-from gradaccum_lib.accumulation import accumulate_window
-
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOK = ROOT / "notebooks" / "00_the_article.ipynb"  # the spoken answer, the loop's source
+NOTEBOOK = ROOT / "notebooks" / "00_the_article.ipynb"  # the verdicts, the spoken answer
 CARD = ROOT / "notebooks" / "09_the_article_checked.ipynb"  # the card and its cells
 
 
@@ -131,14 +129,21 @@ def test_both_cards_show_the_same_code_and_it_is_the_code_that_runs() -> None:
     assert not [c for c in everywhere if "def train_window" in c]
 
 
-def test_the_card_loop_is_printed_from_the_library_source() -> None:
-    """A cell of 00 prints the function's source; its committed output is today's source (a
-    change to accumulation.py needs 00 re-executed)."""
-    cell = next(c for c in _cells() if c["cell_type"] == "code"
-                and "inspect.getsource(accumulate_window)" in _source(c))
-    printed = "".join("".join(o.get("text", "")) for o in cell["outputs"])
-    assert printed.strip() == inspect.getsource(accumulate_window).strip(), (
-        "00's printed source of accumulate_window is stale: re-execute notebooks/00")
+def test_00_states_the_three_verdicts_first_and_prints_no_library_source() -> None:
+    """Issue 49: 00's first cell states the article's three verdicts (the figures 00 computes)
+    before anything else, and 00 points to 02 for the loop's source instead of printing it."""
+    cells = _cells()
+    title = _source(cells[0])
+    verdicts = [line for line in title.splitlines() if line.startswith("- **")]
+    assert len(verdicts) == 3 and title.index(verdicts[0]) < title.index("interview question")
+    for verdict, number in zip(verdicts, ("1/k", "325.5M", "2048"), strict=True):
+        assert number in verdict, verdict
+    assert all("09_the_article_checked.ipynb#" in title.split(v)[1].split("\n- ")[0]
+               for v in verdicts)  # each says where it is proven
+    code = [_source(c) for c in cells if c["cell_type"] == "code"]
+    assert not [c for c in code if "getsource" in c], "00 prints a source: 02 shows the loop"
+    loop = next(_source(c) for c in cells if _source(c).startswith("## The loop"))
+    assert "02_single_device.ipynb" in loop
 
 
 def test_the_number_scanner() -> None:
