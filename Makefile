@@ -16,7 +16,7 @@ LAB_SETTINGS ?= $(VENV)/share/jupyter/lab/settings
 LAB_OVERRIDES := $(LAB_SETTINGS)/overrides.d/gradaccum.json
 
 .PHONY: setup lab lab-settings test test-browser notebooks lint bench gpu-check clean doctor site check-profiles \
-	check-portability
+	check-portability conformance
 
 setup: $(STAMP)
 
@@ -106,6 +106,13 @@ notebooks: $(STAMP)
 check-profiles: $(STAMP)
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 GRADACCUM_PROFILE=cpu $(PY) scripts/execute_notebooks.py \
 		--check notebooks/*.ipynb notebooks/solutions/*.ipynb
+
+# The conformance table (issue 50): each framework's accumulation path x each scenario against
+# the ground truth, written to docs/conformance/ (JSON, heat-map, page; about 30 s), then every
+# cell asserted at the pinned versions (tests/test_conformance.py, its full run included)
+conformance: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m gradaccum_course.audits.conformance --out docs/conformance
+	GRADACCUM_CONFORMANCE_FULL=1 OMP_NUM_THREADS=1 $(PY) -m pytest -q tests/test_conformance.py
 
 bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/run.py

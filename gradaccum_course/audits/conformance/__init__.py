@@ -1,0 +1,6 @@
+"""The conformance table (issue 50): each installed framework's accumulation path × a set of
+scenarios, measured against the library's ground truth. ``scenarios`` lays out the windows and
+the truth's loss; one module per framework runs its path (``trainer``, ``accelerate``,
+``lightning``), and ``two_ranks`` runs any of them on 2 gloo ranks under torchrun;
+``verdicts`` holds what the pinned versions are expected to show and each deviation's thread;
+``table`` writes the JSON, the heat-map and the page."""

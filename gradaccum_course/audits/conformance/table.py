@@ -1,0 +1,241 @@
+"""The conformance table: each framework's accumulation path × each scenario, measured
+against the library's ground truth, written as JSON, a heat-map and a Markdown page.
+
+``python -m gradaccum_course.audits.conformance`` (``make conformance``) runs every cell with a
+progress bar, writes ``docs/conformance/``, then checks every cell against
+:data:`~.verdicts.EXPECTED` and exits 1 naming each cell that changed, with its thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import accelerate, lightning, trainer, two_ranks
+from .scenarios import SCENARIOS, Scenario
+from .verdicts import EXPECTED, GRADIENT_ONLY, NOTES, THREADS, TOLERANCE
+
+__all__ = ["FRAMEWORKS", "check", "main", "measure_cell", "run_table", "write_figure",
+           "write_json", "write_page"]
+
+#: the framework columns' runners, by key
+FRAMEWORKS = {"trainer": trainer, "accelerate": accelerate, "lightning": lightning}
+_DEFAULT_OUT = Path(__file__).resolve().parents[3] / "docs" / "conformance"
+
+
+def _verdict(error: float | None) -> str:
+    if error is None:
+        return "not run"
+    return "match" if error <= TOLERANCE else "deviate"
+
+
+def _rounded(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else float(f"{value:.{digits}g}")
+
+
+def measure_cell(framework: str, scenario: Scenario) -> dict:
+    """Return one cell of the table: run ``framework`` on ``scenario`` (or say why not)."""
+    runner, key = FRAMEWORKS[framework], (framework, scenario.key)
+    threads = [dict(zip(("label", "url", "says"), t, strict=True)) for t in THREADS.get(key, ())]
+    cell = {"framework": framework, "framework_name": runner.NAME, "scenario": scenario.key,
+            "threads": threads, "logged_threads": [] if key in GRADIENT_ONLY else threads,
+            "note": NOTES.get(key, "")}
+    if scenario.not_run:
+        return {**cell, "status": "not run", "reason": scenario.not_run,
+                "gradient_verdict": "not run", "logged_verdict": "not run"}
+    measured = two_ranks.run(framework, scenario) if scenario.ranks > 1 else runner.run(scenario)
+    logged, true = measured["logged_loss"], measured["true_loss"]
+    logged_error = None if logged is None else abs(logged - true) / true
+    return {**cell, "status": "ran", "version": measured["version"],
+            "gradient_relative_error": _rounded(measured["gradient_relative_error"]),
+            "norm_ratio": _rounded(measured["norm_ratio"], 6),
+            "gradient_verdict": _verdict(measured["gradient_relative_error"]),
+            "logged_loss": _rounded(logged, 6), "true_loss": _rounded(true, 6),
+            "logged_relative_error": _rounded(logged_error),
+            "logged_verdict": _verdict(logged_error),
+            "logged_reason": measured.get("logged_not_run", "")}
+
+
+def run_table(frameworks: Sequence[str] = tuple(FRAMEWORKS),
+              scenarios: Sequence[Scenario] = SCENARIOS, *, progress: bool = True) -> dict:
+    """Return the table (``versions``, ``scenarios``, ``cells``), one cell per framework and
+    scenario, with a tqdm progress bar over the cells."""
+    from importlib.metadata import version
+
+    from tqdm.auto import tqdm
+
+    pairs = [(f, s) for f in frameworks for s in scenarios]
+    cells = []
+    for framework, scenario in tqdm(pairs, desc="conformance", unit="cell",
+                                    disable=not progress):
+        cells.append(measure_cell(framework, scenario))
+    return {"tolerance": TOLERANCE,
+            "versions": {FRAMEWORKS[f].PACKAGE: version(FRAMEWORKS[f].PACKAGE)
+                         for f in frameworks} | {"torch": version("torch")},
+            "scenarios": [{"key": s.key, "title": s.title,
+                           "accumulation_steps": s.accumulation_steps,
+                           "predicted_tokens": s.predicted_tokens(),
+                           "max_grad_norm": s.max_grad_norm, "model_forward": s.model_forward,
+                           "ranks": s.ranks}
+                          for s in scenarios],
+            "cells": cells}
+
+
+def check(table: dict) -> list[str]:
+    """Return one line per cell whose verdicts differ from :data:`EXPECTED` (empty: all as
+    expected), naming the cell and its threads."""
+    wrong = []
+    for cell in table["cells"]:
+        key = (cell["framework"], cell["scenario"])
+        measured = (cell["gradient_verdict"], cell["logged_verdict"])
+        expected = EXPECTED.get(key, ("not run", "not run"))
+        if measured != expected:
+            threads = ", ".join(t["label"] for t in cell["threads"]) or "no thread"
+            wrong.append(f"{key[0]} × {key[1]}: (gradient, logged) {measured}, expected "
+                         f"{expected} ({threads})")
+    return wrong
+
+
+def write_json(table: dict, path: Path) -> None:
+    """Write the table as indented JSON."""
+    path.write_text(json.dumps(table, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _grid(table: dict, field: str) -> tuple[list[str], list[str], list[list[dict]]]:
+    frameworks = list(dict.fromkeys(c["framework"] for c in table["cells"]))
+    scenarios = [s["key"] for s in table["scenarios"]]
+    cells = {(c["framework"], c["scenario"]): c for c in table["cells"]}
+    return frameworks, scenarios, [[cells[(f, s)] for s in scenarios] for f in frameworks]
+
+
+def _colour(error: float | None, verdict: str):  # noqa: ANN202
+    """Green shades for a match, red for a deviation (darker: larger log error), grey when
+    not run."""
+    from matplotlib import colormaps
+
+    if verdict == "not run" or error is None:
+        return (0.88, 0.88, 0.88, 1.0)
+    level = min(max((math.log10(max(error, 1e-12)) + 12) / 13, 0.0), 1.0)
+    if verdict == "match":
+        return colormaps["Greens"](0.15 + 0.35 * level)
+    return colormaps["Reds"](0.45 + 0.5 * min(max((math.log10(error) + 6) / 7, 0), 1))
+
+
+def write_figure(table: dict, path: Path) -> None:
+    """Write the heat-map: the update's and the logged loss's relative error per cell (log
+    scale in the shading; red: a deviation, grey: not run)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = (("gradient", "update vs the large batch's"), ("logged", "logged loss vs true mean"))
+    figure, axes = plt.subplots(1, 2, figsize=(13, 3.2), constrained_layout=True)
+    for axis, (field, title) in zip(axes, panels, strict=True):
+        frameworks, scenarios, rows = _grid(table, field)
+        error_key = "gradient_relative_error" if field == "gradient" else "logged_relative_error"
+        for i, row in enumerate(rows):
+            for j, cell in enumerate(row):
+                error, verdict = cell.get(error_key), cell[f"{field}_verdict"]
+                axis.add_patch(plt.Rectangle((j, i), 1, 1, color=_colour(error, verdict)))
+                text = "not run" if verdict == "not run" else f"{error:.0e}"
+                axis.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=8,
+                          color="white" if verdict == "deviate" else "black")
+        axis.set_xlim(0, len(scenarios))
+        axis.set_ylim(len(rows), 0)
+        axis.set_xticks([j + 0.5 for j in range(len(scenarios))], scenarios, rotation=30,
+                        ha="right", fontsize=8)
+        names = [FRAMEWORKS[f].NAME.replace("🤗 ", "HF ") for f in frameworks]
+        axis.set_yticks([i + 0.5 for i in range(len(rows))], names, fontsize=8)
+        axis.set_title(f"relative error: {title}", fontsize=9)
+    figure.suptitle(f"shade: log10 of the relative error; green: at most {TOLERANCE:g}, red: "
+                    "a deviation, grey: not run", fontsize=8)
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+
+
+def _cell_text(cell: dict, field: str) -> str:
+    verdict = cell[f"{field}_verdict"]
+    if verdict == "not run":
+        return "not run"
+    error = cell["gradient_relative_error" if field == "gradient" else "logged_relative_error"]
+    if verdict == "match":
+        return f"✅ {error:.0e}"
+    listed = cell["threads"] if field == "gradient" else cell["logged_threads"]
+    threads = " ".join(f"[{t['label'].split()[-1]}]({t['url']})" for t in listed)
+    return f"❌ {error:.2g} " + (threads or "unexplained")
+
+
+def write_page(table: dict, path: Path, figure_name: str = "conformance.png") -> None:
+    """Write the Markdown page: the point, the pinned versions, both tables, each deviation's
+    thread or note, what was not run and why."""
+    frameworks, scenarios, rows = _grid(table, "gradient")
+    versions = ", ".join(f"{name} {v}" for name, v in table["versions"].items())
+    lines = [
+        "# The conformance table", "",
+        "Each framework's gradient-accumulation path, run as its documentation shows on a tiny "
+        "GPT-2 (float64, SGD, one optimizer step), is held against the large batch's update "
+        "computed by the library's ground truth (`full_batch_gradients`): a cell is the "
+        "update's relative error, and beside it the loss the framework logs against the "
+        f"window's true mean token loss. ✅ is a match (relative error ≤ {TOLERANCE:g}), ❌ a "
+        "deviation with its upstream thread, or \"unexplained\" where none was found.", "",
+        f"Pinned versions: {versions}. Written by `make conformance` "
+        "(`gradaccum_course/audits/conformance/`). The Trainer's logged loss comes from a run "
+        "with its default (random) sampler, next to the true mean of the samples it put in the "
+        "window; Lightning's is `self.log(..., on_epoch=True)`'s value.", "",
+        f"![The conformance heat-map]({figure_name})", "", "## Scenarios", ""]
+    lines += [f"- `{s['key']}`: {s['title']}; k = {s['accumulation_steps']}, predicted tokens "
+              f"per micro-batch: {', '.join(map(str, s['predicted_tokens']))}"
+              for s in table["scenarios"]]
+    for field, heading in (("gradient", "The update against the large batch's"),
+                           ("logged", "The logged loss against the window's true mean")):
+        lines += ["", f"## {heading}", "", "| framework | " + " | ".join(scenarios) + " |",
+                  "|---" * (len(scenarios) + 1) + "|"]
+        for framework, row in zip(frameworks, rows, strict=True):
+            runner = FRAMEWORKS[framework]
+            lines.append(f"| {runner.NAME} ({runner.PACKAGE} "
+                         f"{table['versions'][runner.PACKAGE]}) | "
+                         + " | ".join(_cell_text(c, field) for c in row) + " |")
+    lines += ["", "## Each deviation, and what is not run", ""]
+    grouped: dict[str, list[str]] = {}  # a line's text -> the cells it is said of
+    for row in rows:
+        for cell in row:
+            name = FRAMEWORKS[cell["framework"]].NAME
+            said = [f"[{t['label']}]({t['url']}): {t['says']}" for t in cell["threads"]]
+            said += [cell["note"]] if cell["note"] else []
+            if cell.get("logged_reason"):
+                said.append(f"logged loss not run: {cell['logged_reason']}")
+            said += [f"not run: {cell['reason']}"] if cell["status"] == "not run" else []
+            for text in said:
+                grouped.setdefault(f"{name}|{text}", []).append(f"`{cell['scenario']}`")
+    lines += [f"- {key.split('|', 1)[0]} × {', '.join(where)}: {key.split('|', 1)[1]}."
+              for key, where in grouped.items()]
+    lines += ["", "Not in the table yet: the logged loss on 2 ranks, TRL's trainers, an MoE "
+              "router's auxiliary loss, and a program of at most 60 lines per deviation."]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the table, write ``conformance.json``, ``conformance.png`` and ``conformance.md``
+    under ``--out``, and return 1 if a cell's verdict is not the expected one."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=_DEFAULT_OUT)
+    parser.add_argument("--no-progress", action="store_true")
+    arguments = parser.parse_args(argv)
+    started = time.perf_counter()
+    table = run_table(progress=not arguments.no_progress)
+    arguments.out.mkdir(parents=True, exist_ok=True)
+    write_json(table, arguments.out / "conformance.json")
+    write_figure(table, arguments.out / "conformance.png")
+    write_page(table, arguments.out / "conformance.md")
+    wrong = check(table)
+    print(f"conformance: {len(table['cells'])} cells in {time.perf_counter() - started:.0f} s, "
+          f"written to {arguments.out}")
+    for line in wrong:
+        print(f"conformance: CHANGED {line}", file=sys.stderr)
+    return 1 if wrong else 0
