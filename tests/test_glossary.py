@@ -48,7 +48,6 @@ CHINESE = re.compile(r"[\u4e00-\u9fff]")
 PENDING = {
     "notebooks/zh/translations/00_the_article.md",
     "notebooks/zh/translations/02_single_device.md",
-    "notebooks/zh/translations/05_ddp_torchrun.md",
     "notebooks/zh/translations/solutions/02_single_device_solutions.md",
     "notebooks/zh/translations/solutions/05_ddp_torchrun_solutions.md",
 }
