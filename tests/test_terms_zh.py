@@ -39,6 +39,9 @@ def _findings(pattern: str) -> list[str]:
     for path in TEXTS:
         text = path.read_text(encoding="utf-8")
         for match in re.finditer(pattern, text):
+            line = text[text.rfind("\n", 0, match.start()) + 1:text.find("\n", match.end())]
+            if not re.search(r"[\u4e00-\u9fff]", line):  # a paragraph kept in English
+                continue
             where = text[max(0, match.start() - 15):match.end() + 10].replace("\n", " ")
             found.append(f"{path.relative_to(ROOT)}: …{where}…")
     return found
