@@ -2,18 +2,21 @@
 code: the exercise checkers (``exercises``), the sliders (``widgets``) and figures
 (``plots``), the audits of other frameworks (``audits``), starting ``torchrun`` from a
 notebook (``launch``) and the programs a notebook runs under it (``programs``). It imports
-the learner's library, ``gradaccum_lib``; the library never imports it."""
+the learner's library, ``gradaccum_lib``; the library never imports it. What it says to a reader
+follows the reader's language (:func:`language`)."""
 
 
 import os
 from pathlib import Path
 
-__all__ = ["build_dir", "checkout"]
+__all__ = ["build_dir", "checkout", "language"]
 
 #: overrides where the notebooks write their programs and results
 BUILD_VARIABLE = "GRADACCUM_BUILD"
 #: names the checkout when the notebooks run from a copy outside it (a test's lab folder)
 CHECKOUT_VARIABLE = "GRADACCUM_CHECKOUT"
+#: overrides the reader's language (``en`` or ``zh``)
+LANGUAGE_VARIABLE = "GRADACCUM_LANGUAGE"
 
 
 def build_dir() -> Path:
@@ -37,3 +40,14 @@ def checkout() -> Path:
     return next((folder for folder in (here, *here.parents)
                  if (folder / "pyproject.toml").is_file() and (folder / "notebooks").is_dir()),
                 here)
+
+
+def language() -> str:
+    """Return the reader's language, which the checkers' feedback and the sliders' labels
+    follow: ``"zh"`` in a kernel started in the Chinese edition (``notebooks/zh/`` or its
+    ``solutions/``), else ``"en"``; ``GRADACCUM_LANGUAGE=en|zh`` overrides."""
+    chosen = os.environ.get(LANGUAGE_VARIABLE)
+    if chosen in ("en", "zh"):
+        return chosen
+    parts = Path.cwd().parts
+    return "zh" if "notebooks" in parts and "zh" in parts[parts.index("notebooks"):] else "en"

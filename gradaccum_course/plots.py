@@ -79,7 +79,8 @@ def plot_errors(
     return figure
 
 
-def _stacked_memory_bars(axes, breakdowns: Mapping[str, MemoryBreakdown]) -> None:
+def _stacked_memory_bars(axes, breakdowns: Mapping[str, MemoryBreakdown], *,
+                         legend: bool = True) -> None:
     labels = list(breakdowns)
     bottoms = [0.0] * len(labels)
     for part in _PARTS:
@@ -89,7 +90,8 @@ def _stacked_memory_bars(axes, breakdowns: Mapping[str, MemoryBreakdown]) -> Non
         axes.bar(labels, heights, bottom=bottoms, label=part.replace("_", " "))
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     axes.set_ylabel("MiB")
-    axes.legend(fontsize="small")
+    if legend:
+        axes.legend(fontsize="small")
 
 
 def plot_memory_breakdown(
@@ -109,7 +111,8 @@ def plot_memory_breakdown(
 
 def plot_accumulation_plan(plan: AccumulationPlan, without: AccumulationPlan) -> Figure:
     """Return memory and time side by side: ``plan`` vs the same effective batch in one pass
-    (``without`` accumulation).
+    (``without`` accumulation). The memory legend sits below both panels, outside the axes, so
+    it covers no bar whatever the slider's values.
     """
     figure = Figure(figsize=(8.0, 3.4), layout="constrained")
     memory_axes, time_axes = figure.subplots(1, 2)
@@ -117,7 +120,10 @@ def plot_accumulation_plan(plan: AccumulationPlan, without: AccumulationPlan) ->
         f"k={plan.accumulation_steps} x {plan.micro_batch_size}": plan,
         f"k=1 x {without.micro_batch_size}": without,
     }
-    _stacked_memory_bars(memory_axes, {label: p.memory for label, p in labels.items()})
+    _stacked_memory_bars(memory_axes, {label: p.memory for label, p in labels.items()},
+                         legend=False)
+    handles, names = memory_axes.get_legend_handles_labels()
+    figure.legend(handles, names, loc="outside lower center", ncols=len(names), fontsize="small")
     memory_axes.set_title(f"memory per step (effective batch {plan.effective_batch_size})")
     time_axes.bar(list(labels), [1e3 * p.window_seconds for p in labels.values()],
                   color=["tab:blue", "tab:grey"])

@@ -3,11 +3,24 @@
 Each control calls a pure function of the library and redraws from its result, so whatever a
 slider shows is what the tested function returns. Without a front end, the notebook shows the
 default (the function is called once when the control is built).
+
+A redraw reads every control's value when it draws, never the value that triggered it; in a
+running kernel it waits a moment (_SETTLE_S) and is dropped when a newer move has come in, so
+fast moves end on the last values, in the text and in the figure (whose CSS class names them,
+set in the same message as the image: a browser test reads it). Labels and texts follow the
+reader's language (:func:`gradaccum_course.language`); :func:`localize_text` says a stored
+English one in Chinese (scripts/build_twins.py puts it in the twins' stored widget state).
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
+import re
+import string
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
 
 import ipywidgets as widgets
 from matplotlib.figure import Figure
@@ -24,6 +37,7 @@ from gradaccum_lib.measure.planning import (
 )
 from gradaccum_lib.runtime import check_int, check_number, check_positive_int
 
+from . import language
 from .plots import MIB, plot_accumulation_plan, plot_cluster_plan, plot_ddp_step
 
 __all__ = [
@@ -31,7 +45,126 @@ __all__ = [
     "ddp_time_explorer",
     "cluster_explorer",
     "learning_rate_explorer",
+    "localize_text",
 ]
+
+
+@dataclass(frozen=True)
+class _Text:
+    """A widget text in both languages: an English format string, and a Chinese one with the
+    same fields and no format specs. The Chinese is filled with the values the English text
+    printed (read back from it), so a live kernel and a twin's stored state say the same."""
+
+    english: str
+    chinese: str
+
+    @cached_property
+    def pattern(self) -> re.Pattern[str]:
+        """The English text as a pattern whose groups read its fields' printed values."""
+        pattern = ""
+        for literal, field, _, _ in string.Formatter().parse(self.english):
+            pattern += re.escape(literal) + (f"(?P<{field}>.+?)" if field is not None else "")
+        return re.compile(pattern)
+
+    def say(self, lang: str, **values: object) -> str:
+        """The text filled with ``values``, in ``lang`` (``"en"`` or ``"zh"``)."""
+        english = self.english.format(**values)
+        return (self.in_chinese(english) or english) if lang == "zh" else english
+
+    def in_chinese(self, english: str) -> str | None:
+        """``english`` (this text, filled) said in Chinese, or None if it is not this text."""
+        found = self.pattern.fullmatch(english)
+        if found is None:
+            return None
+        printed = {name: _WORDS_ZH.get(value, value) for name, value in found.groupdict().items()}
+        if "plan" in printed:  # another of _TEXTS, inside this one
+            printed["plan"] = localize_text(printed["plan"], "zh")
+        if "parts" in printed:  # a list of parts, each one of _PARTS, joined by "; "
+            printed["parts"] = "；".join(next((said for part in _PARTS if (
+                said := part.in_chinese(one)) is not None), one)
+                for one in found["parts"].split("; "))
+        return self.chinese.format(**printed)
+
+
+#: words a text prints as a value, in Chinese
+_WORDS_ZH = {"fits": "放得下", "does NOT fit": "放不下", "none": "不缩放", "linear": "线性缩放",
+             "sqrt": "平方根缩放"}
+#: every text the explorers show: slider descriptions and summaries
+_TEXTS: dict[str, _Text] = {
+    "k": _Text("accumulation steps k", "累积步数 k"),
+    "micro-batch size": _Text("micro-batch size", "微批次大小"),
+    "plan": _Text(
+        "effective batch {effective} = {micro} x {k}: {memory:.2f} MiB (one pass: "
+        "{memory_one_pass:.2f} MiB), {ms:.2f} ms per step (one pass: {ms_one_pass:.2f} ms)",
+        "有效批大小 {effective} = {micro} x {k}：显存 {memory} MiB"
+        "（不累积：{memory_one_pass} MiB），每步耗时 {ms} ms（不累积：{ms_one_pass} ms）"),
+    "layers": _Text("layers (model size)", "层数（模型大小）"),
+    "sequence length": _Text("sequence length", "序列长度"),
+    "GPUs": _Text("GPUs", "GPU 数"),
+    "micro-batch": _Text("micro-batch", "微批次"),
+    "precision": _Text("precision", "精度"),
+    "cluster": _Text(
+        "effective batch {effective}; per device {memory:.1f} GiB + {reserved:.1f} GiB reserve "
+        "of {device:.0f} GiB: {verdict}",
+        "有效批大小 {effective}；每个设备 {memory} GiB + 预留 {reserved} GiB，显存共 {device} GiB："
+        "{verdict}"),
+    "cluster summary": _Text("{parameters:.0f}M parameters, {plan}",
+                             "{parameters}M 个参数，{plan}"),
+    "share": _Text("communication share at k=1", "k=1 时通信所占比例"),
+    "ddp": _Text(
+        "k={k}: communication {window:.0%} of the step when syncing once per window, "
+        "{every:.0%} when syncing every micro-step; once per window is {speedup:.2f}x faster",
+        "k={k}：每个窗口同步一次时，通信占每步耗时的 {window}；每个微步都同步时占 {every}；"
+        "每个微步都同步的耗时是每个窗口同步一次的 {speedup}x"),
+    "effective batch": _Text("effective batch", "有效批大小"),
+    "rates": _Text("effective batch {batch}: {parts}", "有效批大小 {batch}：{parts}"),
+}
+#: the parts of the "rates" text: a rule's learning rate, and the result measured with it
+_PARTS = (_Text("{rule}: lr {lr:.2e} -> {result:.3f}", "{rule}：学习率 {lr} -> {result}"),
+          _Text("{rule}: lr {lr:.2e}", "{rule}：学习率 {lr}"))
+
+
+def localize_text(text: str, lang: str = "zh") -> str:
+    """Return ``text``, a slider's label or a summary an explorer shows in English, said in
+    ``lang`` (the same numbers); a text of no explorer is returned as it is."""
+    if lang != "zh":
+        return text
+    return next((said for known in _TEXTS.values()
+                 if (said := known.in_chinese(text)) is not None), text)
+
+
+def _say(key: str, lang: str, **values: object) -> str:
+    return _TEXTS[key].say(lang, **values)
+
+
+# A move waits _SETTLE_S for a newer one before it is drawn: moves that come faster than a
+# figure renders (~0.1-0.3 s) are drawn once, at the last values, not one after another.
+_SETTLE_S = 0.05
+
+
+def _redraw_on_change(controls: Sequence[widgets.ValueWidget], draw: Callable[[], None]) -> None:
+    """Call ``draw()`` now and after each change of a control's value. ``draw`` reads the
+    controls' current values. In a running kernel (an event loop runs the comm messages) a
+    change is drawn _SETTLE_S later, unless a newer change came in meanwhile: a stale update is
+    dropped, never drawn after a newer one. Without an event loop (a script, a test), at once."""
+    changes = [0]
+
+    def draw_if_latest(change_number: int) -> None:
+        if change_number == changes[0]:
+            draw()
+
+    def changed(_change: object) -> None:
+        changes[0] += 1
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            draw()
+            return
+        loop.call_later(_SETTLE_S, draw_if_latest, changes[0])
+
+    for control in controls:
+        control.observe(changed, names="value")
+    draw()
 
 
 # a slider's track spans most of the notebook's width (ipywidgets' default is ~60 px of track
@@ -46,6 +179,7 @@ def _slider_layout() -> widgets.Layout:
 
 
 def _int_slider(value: int, low: int, high: int, description: str) -> widgets.IntSlider:
+    """An IntSlider that sends its value when released (``description`` as shown)."""
     return widgets.IntSlider(value=value, min=low, max=high, description=description,
                              continuous_update=False, style=_SLIDER_STYLE,
                              layout=_slider_layout())
@@ -85,28 +219,37 @@ def _figure_area() -> widgets.Image:
     return widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
 
 
-def _show_figure(area: widgets.Image, figure: Figure) -> None:
+def _figure_class(**shown: object) -> str:
+    """The CSS class that names the values a figure shows: ``gradaccum-figure-k-7-b-1``."""
+    printed = {name: f"{value:g}" if isinstance(value, float) else str(value)
+               for name, value in shown.items()}
+    return "gradaccum-figure-" + "-".join(f"{name}-" + re.sub(r"[^\w.]+", "_", value)
+                                          for name, value in printed.items())
+
+
+def _show_figure(area: widgets.Image, figure: Figure, **shown: object) -> None:
     """Show ``figure`` in ``area`` at its size in CSS pixels (figure inches x _CSS_DPI), from a
-    PNG with _PIXEL_RATIO times as many pixels each way; the image and its size reach the front
-    end in one message."""
+    PNG with _PIXEL_RATIO times as many pixels each way. The image, its size and a CSS class
+    naming the values ``shown`` (:func:`_figure_class`, which a browser test reads; a tooltip
+    would not do: ipywidgets 8.1's Image view throws on one) reach the front end in one
+    message, so they never disagree."""
     png = _figure_png(figure)
     # the PNG header's size, rounded down: at least _PIXEL_RATIO image pixels per CSS pixel
     width, height = (int.from_bytes(png[at:at + 4], "big") // _PIXEL_RATIO for at in (16, 20))
     with area.hold_sync():
         area.value, area.width, area.height = png, str(width), str(height)
+        if shown:
+            area._dom_classes = ("gradaccum-figure", _figure_class(**shown))
 
 
-def _describe_plan(plan, without) -> str:  # noqa: ANN001 - AccumulationPlan pair
+def _describe_plan(plan, without, lang: str = "en") -> str:  # noqa: ANN001 - AccumulationPlan
     """Return a one-line summary of ``plan`` against one pass ``without`` accumulation."""
     _check_kind("plan", plan, AccumulationPlan, "from plan_accumulation")
     _check_kind("without", without, AccumulationPlan, "from plan_accumulation")
-    return (
-        f"effective batch {plan.effective_batch_size} = {plan.micro_batch_size} x "
-        f"{plan.accumulation_steps}: {plan.memory.total / MIB:.2f} MiB "
-        f"(one pass: {without.memory.total / MIB:.2f} MiB), "
-        f"{1e3 * plan.window_seconds:.2f} ms per step (one pass: "
-        f"{1e3 * without.window_seconds:.2f} ms)"
-    )
+    return _say("plan", lang, effective=plan.effective_batch_size, micro=plan.micro_batch_size,
+                k=plan.accumulation_steps, memory=plan.memory.total / MIB,
+                memory_one_pass=without.memory.total / MIB, ms=1e3 * plan.window_seconds,
+                ms_one_pass=1e3 * without.window_seconds)
 
 
 def accumulation_explorer(
@@ -130,8 +273,9 @@ def accumulation_explorer(
                   "max_accumulation_steps")
     _check_slider("micro_batch_size", micro_batch_size, max_micro_batch_size,
                   "max_micro_batch_size")
-    steps = _int_slider(accumulation_steps, 1, max_accumulation_steps, "accumulation steps k")
-    size = _int_slider(micro_batch_size, 1, max_micro_batch_size, "micro-batch size")
+    lang = language()
+    steps = _int_slider(accumulation_steps, 1, max_accumulation_steps, _say("k", lang))
+    size = _int_slider(micro_batch_size, 1, max_micro_batch_size, _say("micro-batch size", lang))
     summary = widgets.Label()
     figure_area = _figure_area()
 
@@ -142,33 +286,37 @@ def accumulation_explorer(
             optimizer=optimizer, precision=precision,
         )
 
-    def redraw(_change: object = None) -> None:
-        chosen = plan(size.value, steps.value)
+    def draw() -> None:
+        micro, k = size.value, steps.value  # the sliders' values now, whatever moved
+        chosen = plan(micro, k)
         without = plan(chosen.effective_batch_size, 1)
-        summary.value = _describe_plan(chosen, without)
-        _show_figure(figure_area, plot_accumulation_plan(chosen, without))
+        summary.value = _describe_plan(chosen, without, lang)
+        _show_figure(figure_area, plot_accumulation_plan(chosen, without), k=k, b=micro)
 
-    steps.observe(redraw, names="value")
-    size.observe(redraw, names="value")
-    redraw()
+    _redraw_on_change([steps, size], draw)
     return widgets.VBox([steps, size, summary, figure_area])
 
 
-def _describe_cluster_plan(plan: ClusterPlan) -> str:
-    """Return a one-line summary of a :class:`ClusterPlan`."""
+def _describe_cluster_plan(plan: ClusterPlan, num_parameters: float | None = None,
+                           lang: str = "en") -> str:
+    """Return a one-line summary of a :class:`ClusterPlan`, led by the model's parameter count
+    where ``num_parameters`` is given."""
     _check_kind("plan", plan, ClusterPlan, "from plan_cluster")
-    verdict = "fits" if plan.fits else "does NOT fit"
-    return (f"effective batch {plan.effective_batch_size}; per device "
-            f"{plan.memory.total / 2**30:.1f} GiB + {plan.reserved_bytes / 2**30:.1f} GiB reserve"
-            f" of {plan.device_bytes / 2**30:.0f} GiB: {verdict}")
+    english = _TEXTS["cluster"].english.format(
+        effective=plan.effective_batch_size, memory=plan.memory.total / 2**30,
+        reserved=plan.reserved_bytes / 2**30, device=plan.device_bytes / 2**30,
+        verdict="fits" if plan.fits else "does NOT fit")
+    if num_parameters is None:
+        return localize_text(english, lang)
+    return _say("cluster summary", lang, parameters=num_parameters / 1e6, plan=english)
 
 
-# the cluster explorer's sliders: (plan_cluster's argument, lowest, highest, description)
-_CLUSTER_SLIDERS = (("num_layers", 1, 96, "layers (model size)"),
+# the cluster explorer's sliders: (plan_cluster's argument, lowest, highest, its text's key)
+_CLUSTER_SLIDERS = (("num_layers", 1, 96, "layers"),
                     ("sequence_length", 32, 2048, "sequence length"),
                     ("world_size", 1, 64, "GPUs"),
                     ("micro_batch_size", 1, 64, "micro-batch"),
-                    ("accumulation_steps", 1, 64, "accumulation steps k"))
+                    ("accumulation_steps", 1, 64, "k"))
 
 
 def cluster_explorer(
@@ -190,26 +338,28 @@ def cluster_explorer(
               "world_size": world_size, "micro_batch_size": micro_batch_size,
               "accumulation_steps": accumulation_steps}
     _check_cluster_arguments(shapes, values, device_bytes, reserved_bytes)
-    sliders = {name: _int_slider(values[name], low, high, description)
-               for name, low, high, description in _CLUSTER_SLIDERS}
+    lang = language()
+    sliders = {name: _int_slider(values[name], low, high, _say(key, lang))
+               for name, low, high, key in _CLUSTER_SLIDERS}
     precision = widgets.Dropdown(options=list(shapes), value=next(iter(shapes)),
-                                 description="precision")
+                                 description=_say("precision", lang))
     summary = widgets.Label()
     figure_area = _figure_area()
 
-    def redraw(_change: object = None) -> None:
+    def draw() -> None:
+        chosen = {name: slider.value for name, slider in sliders.items()}  # the values now
         shape, layout = shapes[precision.value]
-        plan = plan_cluster(shape, **{name: slider.value for name, slider in sliders.items()},
-                            device_bytes=device_bytes, reserved_bytes=reserved_bytes,
-                            precision=layout)
-        summary.value = (f"{shape.num_parameters(sliders['num_layers'].value) / 1e6:.0f}M "
-                         "parameters, " + _describe_cluster_plan(plan))
-        _show_figure(figure_area, plot_cluster_plan(plan))
+        plan = plan_cluster(shape, **chosen, device_bytes=device_bytes,
+                            reserved_bytes=reserved_bytes, precision=layout)
+        summary.value = _describe_cluster_plan(plan, shape.num_parameters(chosen["num_layers"]),
+                                               lang)
+        _show_figure(figure_area, plot_cluster_plan(plan), layers=chosen["num_layers"],
+                     sequence=chosen["sequence_length"], gpus=chosen["world_size"],
+                     b=chosen["micro_batch_size"], k=chosen["accumulation_steps"],
+                     precision=precision.value)
 
     controls = [*sliders.values(), precision]
-    for control in controls:
-        control.observe(redraw, names="value")
-    redraw()
+    _redraw_on_change(controls, draw)
     return widgets.VBox([*controls, summary, figure_area])
 
 
@@ -231,15 +381,13 @@ def _check_cluster_arguments(shapes: object, values: dict[str, object], device_b
     check_number("reserved_bytes", reserved_bytes, low=0)
 
 
-def _describe_ddp_step(model: DdpStepModel, accumulation_steps: int) -> str:
+def _describe_ddp_step(model: DdpStepModel, accumulation_steps: int, lang: str = "en") -> str:
     """Return a one-line summary of the step time with one sync per window vs every micro-step."""
     _check_kind("model", model, DdpStepModel, "e.g. from fit_ddp_step_model")
     window = model.step_seconds(accumulation_steps, "window")
     every = model.step_seconds(accumulation_steps, "every")
-    return (f"k={accumulation_steps}: communication {model.comm_fraction(accumulation_steps):.0%}"
-            f" of the step when syncing once per window, "
-            f"{model.comm_fraction(accumulation_steps, 'every'):.0%} when syncing every"
-            f" micro-step; once per window is {every / window:.2f}x faster")
+    return _say("ddp", lang, k=accumulation_steps, window=model.comm_fraction(accumulation_steps),
+                every=model.comm_fraction(accumulation_steps, "every"), speedup=every / window)
 
 
 def ddp_time_explorer(
@@ -255,27 +403,27 @@ def ddp_time_explorer(
     check_number("comm_share", comm_share, low=0, high=0.95)  # the slider's range
     _check_slider("accumulation_steps", accumulation_steps, max_accumulation_steps,
                   "max_accumulation_steps")
-    steps = _int_slider(accumulation_steps, 1, max_accumulation_steps, "accumulation steps k")
+    lang = language()
+    steps = _int_slider(accumulation_steps, 1, max_accumulation_steps, _say("k", lang))
     share = widgets.FloatSlider(value=comm_share, min=0.0, max=0.95, step=0.05,
-                                description="communication share at k=1",
+                                description=_say("share", lang),
                                 continuous_update=False, style=_SLIDER_STYLE,
                                 layout=_slider_layout())
     summary = widgets.Label()
     figure_area = _figure_area()
 
-    def redraw(_change: object = None) -> None:
-        model = DdpStepModel.from_comm_share(compute_per_micro_step, share.value)
-        summary.value = _describe_ddp_step(model, steps.value)
-        _show_figure(figure_area, plot_ddp_step(model, steps.value))
+    def draw() -> None:
+        k, chosen_share = steps.value, share.value  # the sliders' values now, whatever moved
+        model = DdpStepModel.from_comm_share(compute_per_micro_step, chosen_share)
+        summary.value = _describe_ddp_step(model, k, lang)
+        _show_figure(figure_area, plot_ddp_step(model, k), k=k, share=chosen_share)
 
-    steps.observe(redraw, names="value")
-    share.observe(redraw, names="value")
-    redraw()
+    _redraw_on_change([steps, share], draw)
     return widgets.VBox([steps, share, summary, figure_area])
 
 
 def _describe_learning_rates(base_lr: float, base_batch: int, batch: int,
-                            measured: dict[tuple[int, str], float]) -> str:
+                            measured: dict[tuple[int, str], float], lang: str = "en") -> str:
     """Return the learning rate each rule gives at ``batch`` and, where measured, the result."""
     from gradaccum_lib.measure.noise import scaled_learning_rate
 
@@ -284,8 +432,9 @@ def _describe_learning_rates(base_lr: float, base_batch: int, batch: int,
     for rule in ("none", "linear", "sqrt"):
         lr = scaled_learning_rate(base_lr, base_batch, batch, rule)
         result = measured.get((batch, rule))
-        parts.append(f"{rule}: lr {lr:.2e}" + (f" -> {result:.3f}" if result is not None else ""))
-    return f"effective batch {batch}: " + "; ".join(parts)
+        parts.append(_PARTS[0].english.format(rule=rule, lr=lr, result=result) if result is not None
+                     else _PARTS[1].english.format(rule=rule, lr=lr))
+    return _say("rates", lang, batch=batch, parts="; ".join(parts))
 
 
 def learning_rate_explorer(base_lr: float, base_batch: int, batches: list[int],
@@ -301,14 +450,16 @@ def learning_rate_explorer(base_lr: float, base_batch: int, batches: list[int],
         raise ValueError(f"base_batch must be one of batches {list(batches)} (the slider starts "
                          f"there); got {base_batch!r}")
     _describe_learning_rates(base_lr, base_batch, base_batch, measured)  # checks the rest
+    lang = language()
     slider = widgets.SelectionSlider(options=batches, value=base_batch,
-                                     description="effective batch", continuous_update=False,
-                                     style=_SLIDER_STYLE, layout=_slider_layout())
+                                     description=_say("effective batch", lang),
+                                     continuous_update=False, style=_SLIDER_STYLE,
+                                     layout=_slider_layout())
     summary = widgets.Label()
 
-    def redraw(_change: object = None) -> None:
-        summary.value = _describe_learning_rates(base_lr, base_batch, slider.value, measured)
+    def draw() -> None:
+        summary.value = _describe_learning_rates(base_lr, base_batch, slider.value, measured,
+                                                 lang)
 
-    slider.observe(redraw, names="value")
-    redraw()
+    _redraw_on_change([slider], draw)
     return widgets.VBox([slider, summary])

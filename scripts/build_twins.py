@@ -21,11 +21,12 @@ in place of the English text, so a headline figure reads in the reader's languag
 A twin is the English notebook with each markdown cell replaced by its translation. Its code
 cells, their outputs and the widget state are the English ones (links in Markdown and HTML
 outputs rewritten for the twin's folder; an exercise checker's output framed in Chinese, as a
-kernel of the Chinese edition prints it), so the twin needs no execution of its own (CI runs
-the English notebook). Links are rewritten for the twin's folder: a link to
-a notebook points at that notebook's twin, its anchor at the translated heading (Jupyter's
-anchors are the heading's text), and any other relative link at the same file as before. The
-first cell ends with a link to the English notebook.
+kernel of the Chinese edition prints it; the stored sliders' labels and summaries said in
+Chinese, as a kernel of the Chinese edition draws them), so the twin needs no
+execution of its own (CI runs the English notebook). Links are rewritten for the twin's
+folder: a link to a notebook points at that notebook's twin, its anchor at the translated
+heading (Jupyter's anchors are the heading's text), and any other relative link at the same
+file as before. The first cell ends with a link to the English notebook.
 
 A changed English cell makes its translation stale (its hash no longer matches); ``--check``
 and tests/test_twins.py name each stale or missing cell.
@@ -272,7 +273,7 @@ CORRECT = re.compile(r"^✓ Exercise [\w.]+: correct\. (.*)$")
 
 def localize_feedback(cell: dict) -> None:
     """Give, in place, an exercise checker cell the output a kernel of the Chinese edition
-    prints (gradaccum_course.exercises._language() is "zh" there): all in Chinese, what
+    prints (gradaccum_course.language() is "zh" there): all in Chinese, what
     the checker computed included, with its numbers."""
     from gradaccum_course import exercises
 
@@ -293,6 +294,25 @@ def localize_feedback(cell: dict) -> None:
                 line = exercises.correct_message(exercise_id, correct.group(1), "zh")
             lines.append(line)
         output["text"] = "\n".join(lines)
+
+
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def localize_widgets(notebook: dict) -> None:
+    """Say, in place, the stored widgets' texts as a kernel of the Chinese edition draws them
+    (gradaccum_course.language() is "zh" there): each control's description and each Label's
+    text that an explorer of gradaccum_course.widgets shows, through
+    gradaccum_course.widgets.localize_text (the same numbers); any other text stays."""
+    from gradaccum_course.widgets import localize_text
+
+    state = notebook.get("metadata", {}).get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    for model in state.values():
+        values = model.get("state", {})
+        keys = ["description"] + (["value"] if model.get("model_name") == "LabelModel" else [])
+        for key in keys:
+            if isinstance(values.get(key), str) and values[key]:
+                values[key] = localize_text(values[key], "zh")
 
 
 def english_link(notebook: PurePosixPath) -> str:
@@ -325,6 +345,7 @@ def build_twin(notebook_path: Path, linker: Linker | None = None) -> dict:
             text += english_link(name)
         lines = text.split("\n")
         cell["source"] = [line + "\n" for line in lines[:-1]] + [lines[-1]]
+    localize_widgets(twin)
     twin["metadata"]["language"] = "zh-CN"
     return twin
 

@@ -136,8 +136,8 @@ WINDOW_STEP_HINTS = {
 # (right answer, wrong answer, context) per exercise; the right answers are the worked
 # solutions' results, the checkers compute them independently
 CASES = {
-    "00.1": (102, 110, {}),
-    "00.2": (2048, 256, {}),
+    "00.1": (20.8, 2.6, {}),  # GB per GPU for 1.3B parameters; 2.6: split over the 8 ranks
+    "00.2": (384, 96, {}),  # 16 x 6 x 4 ranks; 96 is one rank's window
     "01.1": ("B", "A", {"loops": LOOPS}),
     "01.2": (token_classification_loss, _token_mean_per_micro_batch, {}),
     "01.3": (_window_gradient, _variant(_window_gradient, divide="k"), {}),
@@ -209,11 +209,13 @@ FIT_A_GPU_HINTS = {
     "fits, not the largest": ((11, 24), r"^micro-batch 11 fits \(14\.6 GiB of 16\) but is not "
                                         r"the largest: .*; k=24 would be right for micro-batches "
                                         r"of 11"),
-    "k too small": ((12, 21), r"^k=21 is too small for micro-batches of 12: 12 x 21 = 252 < 256$"),
+    "k too small": ((12, 21), r"^k=21 is too small for micro-batches of 12: 12 x 21 = 252 < 256; "
+                              r"the effective batch must be at least 256 samples$"),
     "k more than needed": ((12, 23), r"^k=23 is more than micro-batches of 12 need: 12 x 23 = "
-                                     r"276, and a smaller k reaches 256 too$"),
+                                     r"276, and a smaller k also gives at least 256 samples$"),
     "both wrong": ((13, 10), r"^micro-batch 13 does not fit: .* need 16\.8 GiB, more than 16; "
-                             r"k=10 is too small for micro-batches of 13: 13 x 10 = 130 < 256$"),
+                             r"k=10 is too small for micro-batches of 13: 13 x 10 = 130 < 256; "
+                             r"the effective batch must be at least 256 samples$"),
     "malformed: one number": (12, r"^answer must be a pair of positive integers"),
     "malformed: three numbers": ((12, 22, 1), r"^answer must be a pair of positive integers"),
     "malformed: a float": ((12.0, 22), r"^answer must be a pair of positive integers"),
@@ -250,6 +252,24 @@ def test_02_3_names_the_mistake_by_its_symptom(kind: str) -> None:
 def test_02_1_takes_a_list_as_a_pair(capsys: pytest.CaptureFixture[str]) -> None:
     check_exercise("02.1", [12, 22])
     assert capsys.readouterr().out.startswith("✓ Exercise 02.1: correct. micro-batch 12 fits")
+
+
+def test_02_1_asks_for_at_least_256_samples_not_exactly(capsys, monkeypatch) -> None:
+    """Issue 49: "reaches 256" read as "exactly 256" by some; 12 x 22 = 264 is the answer, and
+    every text says "at least", in both languages."""
+    check_exercise("02.1", (12, 22))
+    assert capsys.readouterr().out.strip() == (
+        "✓ Exercise 02.1: correct. micro-batch 12 fits, and k = 22 gives 264 samples per step "
+        "(at least 256)")
+    with pytest.raises(_WrongAnswer, match=r"micro_batch x k >= 256 \(at least 256 samples per "
+                                           r"step, not exactly 256\)"):
+        check_exercise("02.1", (8, 32))  # exactly 256, but 8 is not the largest that fits
+    monkeypatch.setenv("GRADACCUM_LANGUAGE", "zh")
+    check_exercise("02.1", (12, 22))
+    assert capsys.readouterr().out.strip() == (
+        "✓ 练习 02.1：正确。微批次 12 放得下，k = 22 时每次更新 264 个样本（至少 256 个）")
+    with pytest.raises(_WrongAnswer, match="不必恰好是 256"):
+        check_exercise("02.1", (12, 21))
 
 
 def test_the_ddp_checker_leaves_no_process_group() -> None:

@@ -3,6 +3,8 @@ figure is shown at its own size with twice as many pixels (sharp on a high-densi
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from matplotlib.figure import Figure
 
@@ -166,3 +168,183 @@ def test_moving_each_explorers_slider_redraws_its_text_and_figure(name):
     before = text.value, bytes(image.value)
     slider.value = slider.max if slider.value != slider.max else slider.min
     assert text.value != before[0] and bytes(image.value) != before[1]
+
+
+# ---- issue 49: fast moves end on the last values; the labels follow the reader's language;
+# the first slider of 02 runs alone; the legend covers no bar
+
+def _fast_moves(explorer, moves, draws):  # noqa: ANN001
+    """Set each control of ``explorer`` to each move's values, faster than a redraw, inside a
+    running event loop (as a kernel runs comm messages), and let the last move settle."""
+    import asyncio
+
+    from gradaccum_course import widgets
+
+    async def move():
+        for values in moves:
+            for control, value in zip(explorer.children, values, strict=False):
+                control.value = value
+        assert len(draws) == 1, "a move was drawn before the moves settled"
+        await asyncio.sleep(6 * widgets._SETTLE_S)
+
+    asyncio.run(move())
+
+
+def test_fast_moves_in_a_running_kernel_are_drawn_once_from_the_last_values(monkeypatch):
+    """Issue 49: fast moves once left the text at "7 = 1 x 7" and the figure at "5 x 1". A
+    redraw reads the sliders when it draws, and a move overtaken by a newer one is dropped."""
+    from gradaccum_course import widgets
+
+    draws = []
+    real = widgets.plot_accumulation_plan
+    monkeypatch.setattr(widgets, "plot_accumulation_plan", lambda plan, without: (
+        draws.append((plan.accumulation_steps, plan.micro_batch_size)) or real(plan, without)))
+    explorer = accumulation_explorer(num_parameters=10_000, activation_bytes_per_sample=4096.0,
+                                     step_time=STEP_TIME, accumulation_steps=4,
+                                     micro_batch_size=16)
+    steps, size, summary, image = explorer.children
+    _fast_moves(explorer, [(5, 1), (7, 3), (2, 8), (7, 1)], draws)
+    assert draws == [(4, 16), (7, 1)]  # as built, then the last values once
+    assert summary.value == _describe_plan(_plan(1, 7), _plan(7, 1))
+    assert summary.value.startswith("effective batch 7 = 1 x 7")
+    assert image._dom_classes == ("gradaccum-figure", "gradaccum-figure-k-7-b-1")
+    assert bytes(image.value) == widgets._figure_png(real(_plan(1, 7), _plan(7, 1)))
+
+
+@pytest.mark.parametrize("name", ["ddp", "cluster"])
+def test_every_explorer_with_a_figure_ends_on_the_last_values(name, monkeypatch):
+    from gradaccum_course import widgets
+
+    draws = []
+    for plot in ("plot_ddp_step", "plot_cluster_plan"):
+        real = getattr(widgets, plot)
+        monkeypatch.setattr(widgets, plot, lambda *args, real=real: draws.append(args) or
+                            real(*args))
+    explorer = _figure_explorers()[name]
+    draws[:] = ["as built"]  # (the other explorers drew too, once each)
+    slider = explorer.children[0]
+    _fast_moves(explorer, [(slider.max,), (slider.min,), (slider.min + 1,)], draws)
+    text, image = explorer.children[-2:]
+    marker = image._dom_classes[-1]
+    assert len(draws) == 2 and marker.startswith("gradaccum-figure-")
+    if name == "ddp":  # k, the first slider, in the text and the figure's marker
+        assert text.value.startswith("k=2:") and marker == "gradaccum-figure-k-2-share-0.6"
+    else:  # layers, the first slider
+        assert marker.startswith("gradaccum-figure-layers-2-") and "-k-2-" in marker
+
+
+def test_the_learning_rate_explorer_ends_on_the_last_value():
+    from gradaccum_course.widgets import _describe_learning_rates, learning_rate_explorer
+
+    explorer = learning_rate_explorer(1e-3, 32, [16, 32, 64], {})
+    draws = [None]  # the first drawing, when built
+    _fast_moves(explorer, [(64,), (16,), (64,)], draws)
+    assert explorer.children[1].value == _describe_learning_rates(1e-3, 32, 64, {})
+
+
+def test_without_an_event_loop_a_move_is_drawn_at_once():
+    explorer = accumulation_explorer(num_parameters=10_000, activation_bytes_per_sample=4096.0,
+                                     step_time=STEP_TIME)
+    steps, _, summary, image = explorer.children
+    steps.value = 9
+    assert " x 9:" in summary.value and image._dom_classes[-1].startswith("gradaccum-figure-k-9-")
+
+
+def test_the_labels_follow_the_readers_language(monkeypatch, tmp_path):
+    """A kernel started in notebooks/zh/ (gradaccum_course.language()) labels its sliders and
+    says its summary in Chinese (docs/zh/glossary.md's terms), with the English numbers."""
+    from gradaccum_course import language
+    from gradaccum_course.widgets import ddp_time_explorer, localize_text
+
+    monkeypatch.delenv("GRADACCUM_LANGUAGE", raising=False)
+    (tmp_path / "notebooks" / "zh").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "notebooks" / "zh")
+    assert language() == "zh"
+    steps, size, summary, image = accumulation_explorer(
+        num_parameters=10_000, activation_bytes_per_sample=4096.0, step_time=STEP_TIME,
+        accumulation_steps=4, micro_batch_size=16).children
+    assert (steps.description, size.description) == ("累积步数 k", "微批次大小")
+    english = _describe_plan(_plan(16, 4), _plan(64, 1))
+    assert summary.value == localize_text(english) != english
+    assert summary.value.startswith("有效批大小 64 = 16 x 4：显存 ")
+    assert image._dom_classes[-1] == "gradaccum-figure-k-4-b-16"  # a marker, in no language
+    assert ddp_time_explorer(0.001).children[0].description == "累积步数 k"
+    monkeypatch.chdir(tmp_path)
+    assert language() == "en" and accumulation_explorer(
+        num_parameters=10, activation_bytes_per_sample=1.0,
+        step_time=STEP_TIME).children[0].description == "accumulation steps k"
+
+
+def test_every_widget_text_has_a_chinese_twin_with_the_same_fields():
+    import string
+
+    from gradaccum_course.widgets import _PARTS, _TEXTS, localize_text
+
+    for key, text in {**_TEXTS, **dict(enumerate(_PARTS))}.items():
+        fields = {f for _, f, _, _ in string.Formatter().parse(text.english) if f}
+        assert fields == {f for _, f, _, _ in string.Formatter().parse(text.chinese) if f}, key
+        assert not any(spec for _, _, spec, _ in string.Formatter().parse(text.chinese)), key
+    assert localize_text("some other text") == "some other text"
+    assert localize_text("accumulation steps k", "en") == "accumulation steps k"
+    stored_06 = ("effective batch 32: none: lr 2.00e-03 -> 1.915; linear: lr 2.00e-03; sqrt: "
+                 "lr 2.00e-03 -> 1.915")
+    assert localize_text(stored_06) == (
+        "有效批大小 32：不缩放：学习率 2.00e-03 -> 1.915；线性缩放：学习率 2.00e-03；"
+        "平方根缩放：学习率 2.00e-03 -> 1.915")
+    assert localize_text("326M parameters, effective batch 256; per device 12.7 GiB + 1.0 GiB "
+                         "reserve of 16 GiB: does NOT fit").endswith("显存共 16 GiB：放不下")
+
+
+@pytest.mark.parametrize(("micro_batch_size", "accumulation_steps"),
+                         [(1, 1), (1, 7), (1, 32), (16, 4), (64, 4), (256, 1), (256, 32)])
+def test_the_legend_covers_no_bar_for_any_slider_value(micro_batch_size, accumulation_steps):
+    """Issue 49: the memory legend covered the bar at micro-batch 1; it now sits below both
+    panels, outside the axes."""
+    plan = _plan(micro_batch_size, accumulation_steps)
+    figure = plot_accumulation_plan(plan, _plan(plan.effective_batch_size, 1))
+    figure.draw_without_rendering()
+    (legend,) = figure.legends
+    box = legend.get_window_extent()
+    assert [text.get_text() for text in legend.get_texts()] == [
+        "parameters", "gradients", "optimizer state", "activations"]
+    for axes in figure.axes:
+        assert axes.get_legend() is None and not box.overlaps(axes.get_window_extent())
+        assert not any(box.overlaps(bar.get_window_extent()) for bar in axes.patches)
+    assert tuple(figure.get_size_inches()) == (8.0, 3.4)  # two panels of plot_ddp_step's size
+
+
+def test_notebook_02s_first_slider_runs_alone_on_section_1s_model():
+    """The slider at 02's top has its own imports and inputs (nothing else runs first), and
+    its two memory inputs are section 1's wide MLP at the ci sizes, as its comment says."""
+    import json
+    from pathlib import Path
+
+    import torch
+    from ipywidgets import widgets as ipw
+
+    from gradaccum_lib.losses import sample_classification_loss
+    from gradaccum_lib.measure.memory import activation_bytes
+    from gradaccum_lib.runtime import get_profile
+    from gradaccum_lib.workloads.data import make_toy_classification
+    from gradaccum_lib.workloads.models import make_mlp
+
+    notebook = Path(__file__).resolve().parents[1] / "notebooks" / "02_single_device.ipynb"
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    first_code = next(cell for cell in cells if cell["cell_type"] == "code")
+    assert first_code["id"] == "abee98c0"
+    namespace: dict = {}
+    exec(compile("".join(first_code["source"]), "abee98c0", "exec"), namespace)  # noqa: S102
+    source = "".join(first_code["source"])
+    call = source[source.index("accumulation_explorer("):]
+    explorer = eval(call, namespace)  # noqa: S307 - the cell's own last expression
+    assert isinstance(explorer, ipw.VBox)
+    inputs = {name: float(value.replace("_", "")) for name, value in re.findall(
+        r"(num_parameters|activation_bytes_per_sample)=([\d_.]+)", source)}
+    ci = get_profile("ci")
+    model = make_mlp(ci.input_dim, ci.wide_hidden_dim, ci.num_classes, seed=0,
+                     dtype=torch.float32)
+    batch = make_toy_classification(ci.effective_batch_size, ci.input_dim, ci.num_classes,
+                                    seed=0, dtype=torch.float32)
+    per_sample = activation_bytes(model, sample_classification_loss, batch) / len(batch[1])
+    assert inputs["num_parameters"] == sum(p.numel() for p in model.parameters())
+    assert abs(inputs["activation_bytes_per_sample"] - per_sample) <= 0.01 * per_sample

@@ -18,9 +18,10 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch.distributed as dist
+
+from gradaccum_course import language
 
 __all__ = ["BERT_BASE_CHINESE", "GIB", "check_exercise", "correct_message", "no_answer_message"]
 
@@ -85,10 +86,10 @@ def check_exercise(exercise_id: str, answer: object, **context: object) -> None:
     (``None``), or print ``✓``, what was checked and the true value (returning None: no ``Out:``
     line), or raise :class:`_WrongAnswer` (so a solution fails under nbval): ``✗``, the answer
     expected, a hint. ``context``: what an exercise needs from its cell (01.1: ``loops=...``);
-    in the Chinese edition (:func:`_language`) all of it is in Chinese."""
+    in the Chinese edition (:func:`gradaccum_course.language`) all of it is in Chinese."""
     if exercise_id not in _EXERCISES:
         raise KeyError(f"no exercise {exercise_id!r}; known: {sorted(_EXERCISES)}")
-    lang = _language()
+    lang = language()
     if answer is None:
         print(no_answer_message(exercise_id, lang))
         return
@@ -99,17 +100,6 @@ def check_exercise(exercise_id: str, answer: object, **context: object) -> None:
         hint = wrong_answer.zh if lang == "zh" and wrong_answer.zh else str(wrong_answer)
         raise _WrongAnswer(_wrong_message(exercise_id, hint, lang)) from None
     print(correct_message(exercise_id, exercise.said.format(**values), lang))
-
-
-def _language() -> str:
-    """Return the language exercise feedback is given in: ``"zh"`` in a kernel started in the
-    Chinese edition (``notebooks/zh/`` or its ``solutions/``), else ``"en"``;
-    ``GRADACCUM_LANGUAGE=en|zh`` overrides."""
-    chosen = os.environ.get("GRADACCUM_LANGUAGE")
-    if chosen in ("en", "zh"):
-        return chosen
-    parts = Path.cwd().parts
-    return "zh" if "notebooks" in parts and "zh" in parts[parts.index("notebooks"):] else "en"
 
 
 def no_answer_message(exercise_id: str, lang: str = "en") -> str:

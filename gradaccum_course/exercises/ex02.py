@@ -14,7 +14,8 @@ from gradaccum_lib.measure.memory import memory_budget
 from gradaccum_lib.measure.planning import accumulation_steps_for, max_micro_batch_size
 from gradaccum_lib.workloads.models import count_bert_parameters, make_mlp
 
-#: the hints, English and Chinese: 02.1's on the micro-batch (then k), on k; 02.3's on the
+#: the hints, English and Chinese: 02.1's on the micro-batch (then k), on k (the smallest with
+#: micro_batch x k >= 256: at least 256 samples, not exactly 256); 02.3's on the
 #: steps, on the update (the usual mistakes, with clipping idle and biting)
 _HINTS: dict[str, Hint] = {
     "not a pair": ("answer must be a pair of positive integers (micro_batch, k); got {answer!r}",
@@ -31,12 +32,13 @@ _HINTS: dict[str, Hint] = {
                         "用状态（每个参数 16 字节）和预留显存之外剩下的显存，除以每个样本的激活值"
                         "；{k_hint[1]}"),
     "k too small": ("k={k} is too small for micro-batches of {micro}: {micro} x {k} = {samples} < "
-                    "256",
-                    "k={k} 对大小为 {micro} 的微批次太小：{micro} x {k} = {samples} < 256"),
+                    "256; the effective batch must be at least 256 samples",
+                    "k={k} 对大小为 {micro} 的微批次太小：{micro} x {k} = {samples} < 256；"
+                    "有效批大小至少要有 256 个样本"),
     "k too large": ("k={k} is more than micro-batches of {micro} need: {micro} x {k} = {samples}, "
-                    "and a smaller k reaches 256 too",
+                    "and a smaller k also gives at least 256 samples",
                     "k={k} 超出了大小为 {micro} 的微批次所需：{micro} x {k} = {samples}，更小的 "
-                    "k 也能达到 256"),
+                    "k 也能凑够至少 256 个样本"),
     "k for another": ("k={k} would be right for micro-batches of {micro}: take the smallest k for "
                       "the micro-batch that fits",
                       "k={k} 对大小为 {micro} 的微批次是对的：应当为放得下的那个微批次取最小的 k"),
@@ -183,11 +185,12 @@ def _check_update(got: torch.Tensor, truth: torch.Tensor, max_grad_norm: float,
 
 
 register("02.1", ("the micro-batch and k for a 16 GiB GPU", "16 GiB GPU 上的微批次和 k"),
-         ("a pair (micro_batch, k): the largest micro-batch that fits, and the smallest k "
-          "reaching 256 samples",
-          "一个二元组 (micro_batch, k)：放得下的最大微批次，以及达到 256 个样本的最小 k"),
-         ("micro-batch {micro} fits, and k = {k} gives {samples} samples per step",
-          "微批次 {micro} 放得下，k = {k} 时每次更新 {samples} 个样本"),
+         ("a pair (micro_batch, k): the largest micro-batch that fits, and the smallest k with "
+          "micro_batch x k >= 256 (at least 256 samples per step, not exactly 256)",
+          "一个二元组 (micro_batch, k)：放得下的最大微批次，以及满足 micro_batch x k >= 256 的"
+          "最小 k（每次更新至少 256 个样本，不必恰好是 256）"),
+         ("micro-batch {micro} fits, and k = {k} gives {samples} samples per step (at least 256)",
+          "微批次 {micro} 放得下，k = {k} 时每次更新 {samples} 个样本（至少 256 个）"),
          _fit_a_gpu)
 register("02.2", ("the update of a loop that never divides by k", "从不除以 k 的循环的更新"),
          ("a number: how many times the large batch's update the loop's update is",
