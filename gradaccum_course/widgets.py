@@ -18,6 +18,7 @@ import asyncio
 import io
 import re
 import string
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -38,6 +39,17 @@ from gradaccum_lib.measure.planning import (
 from gradaccum_lib.runtime import check_int, check_number, check_positive_int
 
 from . import language
+from .denominator_lab import (
+    NORMALISATIONS,
+    PRESETS,
+    WindowMeasurement,
+    format_layout,
+    measure_window,
+    parse_layout,
+    percent,
+    plot_window,
+    preset_layout,
+)
 from .plots import MIB, plot_accumulation_plan, plot_cluster_plan, plot_ddp_step
 
 __all__ = [
@@ -45,6 +57,7 @@ __all__ = [
     "ddp_time_explorer",
     "cluster_explorer",
     "learning_rate_explorer",
+    "denominator_lab",
     "localize_text",
 ]
 
@@ -117,6 +130,34 @@ _TEXTS: dict[str, _Text] = {
         "k={k}：每个窗口同步一次时，通信占每步耗时的 {window}；每个微步都同步时占 {every}；"
         "每个微步都同步的耗时是每个窗口同步一次的 {speedup}x"),
     "effective batch": _Text("effective batch", "有效批大小"),
+    # the denominator lab (notebook 03)
+    "ranks": _Text("ranks", "进程数"),
+    "start from": _Text("start from", "起点"),
+    "tokens": _Text("tokens", "token 数"),
+    "tokens help": _Text(
+        "one line per rank; micro-batches separated by spaces; a micro-batch's sequences "
+        "joined by + (their real tokens)",
+        "每行一个进程；微批次之间用空格分隔；同一微批次的各条序列用 + 连接（各自的真实 token 数）"),
+    **{name: _Text(name, chinese) for name, chinese in zip(
+        NORMALISATIONS + PRESETS,
+        ("微批次均值的均值", "求和损失 / k", "本进程计数", "按样本", "窗口全局 token 数",
+         "token 数不均", "token 数相等", "一个进程只有填充", "最后一个不满的窗口"), strict=True)},
+    "window": _Text("{ranks} rank(s), k = {k}: {tokens} real tokens in {sequences} sequences",
+                    "{ranks} 个进程，k = {k}：{sequences} 条序列共 {tokens} 个真实 token"),
+    "update error": _Text("the update's error against the large batch's gradient",
+                          "更新相对大批次梯度的误差"),
+    "exact": _Text("exact to 1e-9", "精确到 1e-9"),
+    "logged": _Text(
+        "logged loss: rank 0's last micro-batch {last}; mean of micro-batch means {means}; "
+        "the window's token-weighted mean {true} (the true one)",
+        "记录的损失：0 号进程最后一个微批次 {last}；微批次均值的均值 {means}；"
+        "窗口按 token 加权的均值 {true}（真实值）"),
+    "lab figure": _Text(
+        "Figure: left, the weight of each sequence's tokens under normalisation 1-5 over the "
+        "right weight (log2: 0 is right; grey: a sequence without a real token; columns: rank, "
+        "micro-batch: real tokens); right, each update's error.",
+        "图：左边是在归一化方式 1-5 下各序列 token 的权重与正确权重之比（log2：0 表示正确；"
+        "灰色：没有真实 token 的序列；列：进程、微批次：真实 token 数）；右边是每种更新的误差。"),
     "rates": _Text("effective batch {batch}: {parts}", "有效批大小 {batch}：{parts}"),
 }
 #: the parts of the "rates" text: a rule's learning rate, and the result measured with it
@@ -463,3 +504,68 @@ def learning_rate_explorer(base_lr: float, base_batch: int, batches: list[int],
 
     _redraw_on_change([slider], draw)
     return widgets.VBox([slider, summary])
+
+
+def _lab_report(measurement: WindowMeasurement, lang: str) -> str:
+    """The lab's HTML: the window, each normalisation's update error, the three logged losses;
+    each text node one of _TEXTS (scripts/build_twins.py says a stored one in Chinese)."""
+    sequences = [n for rank in measurement.layout for micro in rank for n in micro]
+    rows = "".join(
+        f"<tr><td>{row}</td><td>{_say(name, lang)}</td><td style='text-align:right'>"
+        f"{_say('exact', lang) if error < 1e-9 else percent(error)}</td></tr>"
+        for row, (name, error) in enumerate(measurement.errors.items(), start=1))
+    logged = {key: "NaN" if value != value else f"{value:.3f}"  # NaN: a mean over no token
+              for key, value in zip(("last", "means", "true"), measurement.logged.values(),
+                                    strict=True)}
+    window = _say("window", lang, ranks=len(measurement.layout), sequences=len(sequences),
+                  k=measurement.accumulation_steps, tokens=sum(sequences))
+    return (f"<p>{window}</p><table><tr><th>#</th><th></th><th>{_say('update error', lang)}"
+            f"</th></tr>{rows}</table><p>{_say('logged', lang, **logged)}</p>"
+            f"<p>{_say('lab figure', lang)}</p>")
+
+
+def denominator_lab(*, ranks: int = 2, accumulation_steps: int = 4,
+                    preset: str = "uneven tokens") -> widgets.VBox:
+    """Return the denominator lab (notebook 03): sliders for the ranks (1-4) and k (1-8), a
+    preset, and the window's real tokens as editable text; a table of each normalisation's
+    update error (:func:`~gradaccum_course.denominator_lab.measure_window`, against the
+    library's large-batch gradient) and three logged losses, and the weights' figure. Moving
+    a slider or choosing a preset rewrites the text from the preset; editing the text measures
+    that window. A text that is not a window says why, in place of the table."""
+    check_int("ranks", ranks, low=1, high=4)
+    check_int("accumulation_steps", accumulation_steps, low=1, high=8)
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {PRESETS}; got {preset!r}")
+    lang = language()
+    rank_slider = _int_slider(ranks, 1, 4, _say("ranks", lang))
+    k_slider = _int_slider(accumulation_steps, 1, 8, _say("k", lang))
+    choice = widgets.Dropdown(options=[(_say(name, lang), name) for name in PRESETS],
+                              value=preset, description=_say("start from", lang),
+                              style=_SLIDER_STYLE)
+    tokens = widgets.Textarea(description=_say("tokens", lang),
+                              placeholder=_say("tokens help", lang), rows=4,
+                              continuous_update=False, style=_SLIDER_STYLE,
+                              layout=_slider_layout())
+    report, figure_area = widgets.HTML(), _figure_area()
+
+    def from_preset(_change: object = None) -> None:
+        tokens.value = format_layout(preset_layout(choice.value, rank_slider.value,
+                                                   k_slider.value))
+
+    def draw() -> None:
+        k = k_slider.value  # the controls' values now, whatever moved
+        try:
+            measurement = measure_window(parse_layout(tokens.value, k), k)
+        except ValueError as error:
+            report.value = f"<p style='color:#b00'>{error}</p>"
+            return
+        report.value = _lab_report(measurement, lang)
+        # the figure's marker names the window it draws (a browser test reads it)
+        _show_figure(figure_area, plot_window(measurement), ranks=len(measurement.layout), k=k,
+                     window=zlib.crc32(format_layout(measurement.layout).encode()))
+
+    for control in (rank_slider, k_slider, choice):
+        control.observe(from_preset, names="value")
+    from_preset()
+    _redraw_on_change([tokens], draw)
+    return widgets.VBox([rank_slider, k_slider, choice, tokens, report, figure_area])

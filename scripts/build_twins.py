@@ -302,17 +302,25 @@ WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 def localize_widgets(notebook: dict) -> None:
     """Say, in place, the stored widgets' texts as a kernel of the Chinese edition draws them
     (gradaccum_course.language() is "zh" there): each control's description and each Label's
-    text that an explorer of gradaccum_course.widgets shows, through
+    text that an explorer of gradaccum_course.widgets shows (a placeholder, a dropdown's
+    choices, each text between an HTML widget's tags included), through
     gradaccum_course.widgets.localize_text (the same numbers); any other text stays."""
     from gradaccum_course.widgets import localize_text
 
     state = notebook.get("metadata", {}).get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     for model in state.values():
         values = model.get("state", {})
-        keys = ["description"] + (["value"] if model.get("model_name") == "LabelModel" else [])
+        keys = ["description", "placeholder"] + (
+            ["value"] if model.get("model_name") == "LabelModel" else [])
         for key in keys:
             if isinstance(values.get(key), str) and values[key]:
                 values[key] = localize_text(values[key], "zh")
+        if isinstance(values.get("_options_labels"), list):  # a dropdown's choices
+            values["_options_labels"] = [localize_text(label, "zh")
+                                         for label in values["_options_labels"]]
+        if model.get("model_name") == "HTMLModel" and isinstance(values.get("value"), str):
+            values["value"] = re.sub(r">([^<]+)<", lambda text: ">" + localize_text(
+                text.group(1), "zh") + "<", values["value"])  # each text between tags
 
 
 def english_link(notebook: PurePosixPath) -> str:

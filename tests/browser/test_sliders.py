@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import zlib
 from pathlib import Path
 
 import pytest
@@ -532,5 +533,78 @@ def test_02s_first_slider_runs_alone_and_fast_moves_end_on_the_last_values(brows
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / "02_single_device-first-slider-failure.png"))
         raise
+    finally:
+        page.close()
+
+
+LAB_NOTEBOOK = "03_tokens_and_padding.ipynb"
+
+
+def test_03s_denominator_lab_draws_stored_then_answers_what_its_controls_say(browser, lab):
+    """The lab opens drawn from its stored state; its cell runs alone; a move of k rewrites the
+    window's tokens and re-measures it, and an edited window is measured as typed: each time
+    the report's text and the figure's marker name the same ranks and k."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    url, token, workdir = lab
+    (workdir / "lab").mkdir(exist_ok=True)
+    shutil.copy(workdir / LAB_NOTEBOOK, workdir / "lab")
+    notebook = f"lab/{LAB_NOTEBOOK}"
+    code_cells = _code_cells(workdir / notebook)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(WIDGET_S * 1000)
+    page.set_default_navigation_timeout(PAGE_LOAD_S * 1000)
+
+    def answer(report, image, text: str, marker: str, what: str) -> None:  # noqa: ANN001
+        try:
+            page.wait_for_function(
+                """([report, image, text, marker]) => report.innerText.includes(text)
+                   && [...image.classList].some(name => name.startsWith(marker))
+                   && image.complete && image.naturalWidth > 0""",
+                arg=[report.element_handle(), image.element_handle(), text, marker],
+                timeout=WIDGET_S * 1000)
+        except PlaywrightTimeout as error:
+            raise AssertionError(f"{notebook}: {what}: the report says {report.inner_text()!r}, "
+                                 f"the figure is marked {image.get_attribute('class')!r}; "
+                                 f"expected {text!r} and {marker!r}") from error
+
+    try:
+        page.goto(f"{url}/lab/workspaces/lab/tree/{notebook}?reset&token={token}")
+        _wait(page, code_cells, PAGE_LOAD_S, "the notebook did not finish loading",
+              lambda s: len(s["prompts"]) == code_cells and s["active"])
+        stored = page.locator(".widget-html", has_text="2 rank(s), k = 4").first
+        try:
+            stored.wait_for(state="visible")
+        except PlaywrightTimeout as error:
+            raise AssertionError(f"{notebook}: the stored lab was not drawn on open") from error
+        _kernel_ready(page, code_cells)
+        _menu(page, "Edit", "Clear Outputs of All Cells")
+        _wait(page, code_cells, CLEAR_S, "Clear Outputs of All Cells did not clear the notebook",
+              lambda s: s["outputs"] == 0 and all(_count(p) is None for p in s["prompts"]))
+        cell = page.locator(".jp-Notebook .jp-CodeCell", has_text="denominator_lab(").last
+        cell.locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Shift+Enter")  # this cell only
+        box = cell.locator(".widget-vbox").first
+        report, image = box.locator(".widget-html").first, box.locator("img").first
+        answer(report, image, "2 rank(s), k = 4:", "gradaccum-figure-ranks-2-k-4-", "run alone")
+        k_readout = box.locator(".widget-slider", has=page.locator(
+            ".widget-label", has_text="accumulation steps k")).locator(".widget-readout")
+        k_readout.click()
+        page.keyboard.press("Control+A")
+        page.keyboard.type("2")
+        page.keyboard.press("Enter")
+        answer(report, image, "2 rank(s), k = 2:", "gradaccum-figure-ranks-2-k-2-", "k moved to 2")
+        tokens = box.locator("textarea").first
+        assert len(tokens.input_value().splitlines()[0].split()) == 2, tokens.input_value()
+        tokens.fill("8+8\n0+0")
+        tokens.press("Tab")  # the text is sent when it loses focus
+        typed = zlib.crc32(b"8+8\n0+0")  # the figure's marker names the window it draws
+        answer(report, image, "2 rank(s), k = 2: 16 real tokens in 4 sequences",
+               f"gradaccum-figure-ranks-2-k-2-window-{typed}", "the window typed")
+        assert image.get_attribute("class").split()[-1].endswith(f"-{typed}")
+        assert "mean of micro-batch means NaN" in report.inner_text()
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        box.scroll_into_view_if_needed()
+        page.screenshot(path=str(SCREENSHOTS / "03_tokens_and_padding-lab.png"))
     finally:
         page.close()
