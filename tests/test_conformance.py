@@ -1,7 +1,8 @@
 """The conformance table (issue 50): the committed table's every cell asserted at the pinned
-versions, a live subset re-measured (about 30 s on 2 cores), and the full table re-run only
-under ``make conformance`` (GRADACCUM_CONFORMANCE_FULL=1). Each assert names its cell and the
-thread it corresponds to."""
+versions, a live subset re-measured, each one-process reproduction program run (about 40 s on
+2 busy cores, all of it), both pages checked against the JSON, and the full table, the 2-rank
+program and a ``python -m`` run only under ``make conformance`` (GRADACCUM_CONFORMANCE_FULL=1).
+Each assert names its cell and the thread it corresponds to."""
 
 from __future__ import annotations
 
@@ -17,16 +18,19 @@ from gradaccum_course.audits.conformance.scenarios import SCENARIOS, make_optimi
 from gradaccum_course.audits.conformance.table import (
     check,
     measure_cell,
+    page_text,
     run_table,
     write_figure,
     write_page,
 )
-from gradaccum_course.audits.conformance.verdicts import EXPECTED, NOTES, THREADS
+from gradaccum_course.audits.conformance.verdicts import EXPECTED, NOTES, PROGRAMS, THREADS
 from gradaccum_course.audits.lightning import lightning_step
 from gradaccum_lib.equivalence import audit_update
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "docs" / "conformance" / "conformance.json"
+PAGES = {"en": ROOT / "docs" / "conformance.md", "zh": ROOT / "docs" / "zh" / "conformance.md"}
+REPRO = ROOT / "gradaccum_course" / "audits" / "conformance" / "repro"
 SCENARIO = {scenario.key: scenario for scenario in SCENARIOS}
 
 
@@ -149,3 +153,78 @@ def test_a_changed_verdict_is_reported_with_its_cell_and_thread(tmp_path):
                     reason="the full table runs under make conformance only")
 def test_full_table_every_cell_as_expected():
     assert check(run_table(progress=False)) == []
+
+
+def test_the_committed_pages_are_the_writers_from_the_committed_json(committed):
+    # both languages come from the same JSON, so their numbers cannot drift
+    for lang, page in PAGES.items():
+        assert page.read_text(encoding="utf-8") == page_text(committed, page, lang=lang), (
+            f"{page.name} ({lang}) is stale: run make conformance")
+
+
+def test_both_pages_hold_the_same_cells_and_each_red_cell_links_its_program(committed):
+    import re
+
+    def cells(lang: str) -> list[str]:
+        rows = [line for line in PAGES[lang].read_text(encoding="utf-8").splitlines()
+                if line.startswith("| ") and ("✅" in line or "❌" in line)]
+        return [re.sub(r"\[[^\]]*\]\((?:\.\./)*", "[](", cell).replace("原因不明", "unexplained")
+                for row in rows for cell in row.split(" | ") if cell.startswith(("✅", "❌"))]
+
+    assert cells("en") == cells("zh") and len(cells("en")) > 20
+    for cell in committed["cells"]:
+        key = (cell["framework"], cell["scenario"])
+        if cell["gradient_verdict"] == "deviate":
+            assert key in PROGRAMS, f"{_name(*key)}: a deviation without a program"
+            link = f"repro/{PROGRAMS[key]}.py)"
+            if cell["logged_verdict"] == "deviate":
+                assert cell["logged_program"] == cell["program"], f"{_name(*key)}: logged"
+            for page in PAGES.values():
+                assert link in page.read_text(encoding="utf-8"), f"{page}: {_name(*key)}"
+
+
+@pytest.mark.parametrize("name", sorted(set(PROGRAMS.values())))
+def test_each_program_is_short_and_names_its_thread_and_how_to_run_it(name):
+    text = (REPRO / f"{name}.py").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 60, f"{name}.py: {len(text.splitlines())} lines"
+    docstring = text.split('"""')[1]
+    assert "github.com/" in docstring or "No upstream thread found" in docstring, name
+    assert f"python -m gradaccum_course.audits.conformance.repro.{name}" in docstring
+
+
+@pytest.mark.parametrize("name", sorted(set(PROGRAMS.values()) - {"two_ranks"}))
+def test_live_each_program_reproduces_its_deviation(name, capsys):
+    # each exits 0 only while the deviation is there and is what its explaining loop gives
+    import importlib
+
+    program = importlib.import_module(f"gradaccum_course.audits.conformance.repro.{name}")
+    assert program.main() == 0, f"{name}: {capsys.readouterr().out}"
+    out = capsys.readouterr().out
+    assert "reproduced" in out and "GONE" not in out and "CHANGED" not in out, out
+
+
+def test_a_program_exits_1_once_its_deviation_is_gone(capsys):
+    from types import SimpleNamespace
+
+    from gradaccum_course.audits.conformance.repro._common import report
+
+    fixed = SimpleNamespace(norm_ratio=1.0, relative_difference=1e-8)
+    assert report("x", fixed, SimpleNamespace(norm_ratio=0.5, relative_difference=0.5)) == 1
+    assert "GONE" in capsys.readouterr().out
+    moved = SimpleNamespace(norm_ratio=0.6, relative_difference=0.4)
+    assert report("x", moved, SimpleNamespace(norm_ratio=0.5, relative_difference=0.5)) == 1
+    assert "CHANGED" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not os.environ.get("GRADACCUM_CONFORMANCE_FULL"),
+                    reason="2 torchrun launches and a subprocess: under make conformance only")
+def test_full_the_programs_run_as_modules_the_two_rank_one_included():
+    import subprocess
+    import sys
+
+    for name in ("accelerate_partial", "two_ranks"):
+        result = subprocess.run([sys.executable, "-m",
+                                 f"gradaccum_course.audits.conformance.repro.{name}"],
+                                capture_output=True, text=True, timeout=600, cwd=ROOT,
+                                check=False)
+        assert result.returncode == 0 and "reproduced" in result.stdout, result.stdout[-2000:]

@@ -2,5 +2,6 @@
 scenarios, measured against the library's ground truth. ``scenarios`` lays out the windows and
 the truth's loss; one module per framework runs its path (``trainer``, ``accelerate``,
 ``lightning``), and ``two_ranks`` runs any of them on 2 gloo ranks under torchrun;
-``verdicts`` holds what the pinned versions are expected to show and each deviation's thread;
-``table`` writes the JSON, the heat-map and the page."""
+``verdicts`` holds what the pinned versions are expected to show, each deviation's thread and
+its program; ``table`` writes the JSON, the heat-map and the page in English and (``zh``, its
+words) in Chinese; ``repro`` holds one program of at most 60 lines per deviating cause."""

@@ -1,8 +1,10 @@
 """The conformance table: each framework's accumulation path × each scenario, measured
-against the library's ground truth, written as JSON, a heat-map and a Markdown page.
+against the library's ground truth, written as JSON, a heat-map and a Markdown page in English
+and in Chinese (both from the JSON, so their numbers cannot drift).
 
 ``python -m gradaccum_course.audits.conformance`` (``make conformance``) runs every cell with a
-progress bar, writes ``docs/conformance/``, then checks every cell against
+progress bar, writes ``docs/conformance/`` (JSON, figure), ``docs/conformance.md`` and
+``docs/zh/conformance.md``, then checks every cell against
 :data:`~.verdicts.EXPECTED` and exits 1 naming each cell that changed, with its thread.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -18,14 +21,17 @@ from pathlib import Path
 
 from . import accelerate, lightning, trainer, two_ranks
 from .scenarios import SCENARIOS, Scenario
-from .verdicts import EXPECTED, GRADIENT_ONLY, NOTES, THREADS, TOLERANCE
+from .verdicts import EXPECTED, GRADIENT_ONLY, LOGGED_PROGRAMS, NOTES, PROGRAMS, THREADS, TOLERANCE
 
-__all__ = ["FRAMEWORKS", "check", "main", "measure_cell", "run_table", "write_figure",
-           "write_json", "write_page"]
+__all__ = ["FIGURE", "FRAMEWORKS", "check", "committed_table", "deviation_lines", "main",
+           "measure_cell", "page_text", "run_table", "write_figure", "write_json", "write_page"]
 
 #: the framework columns' runners, by key
 FRAMEWORKS = {"trainer": trainer, "accelerate": accelerate, "lightning": lightning}
-_DEFAULT_OUT = Path(__file__).resolve().parents[3] / "docs" / "conformance"
+_ROOT = Path(__file__).resolve().parents[3]
+_DEFAULT_OUT = _ROOT / "docs" / "conformance"
+#: the committed heat-map (``make conformance`` writes it)
+FIGURE = _DEFAULT_OUT / "conformance.png"
 
 
 def _verdict(error: float | None) -> str:
@@ -45,6 +51,10 @@ def measure_cell(framework: str, scenario: Scenario) -> dict:
     cell = {"framework": framework, "framework_name": runner.NAME, "scenario": scenario.key,
             "threads": threads, "logged_threads": [] if key in GRADIENT_ONLY else threads,
             "note": NOTES.get(key, "")}
+    if key in PROGRAMS:
+        program = f"gradaccum_course/audits/conformance/repro/{PROGRAMS[key]}.py"
+        cell |= {"program": program,
+                 "logged_program": program if PROGRAMS[key] in LOGGED_PROGRAMS else ""}
     if scenario.not_run:
         return {**cell, "status": "not run", "reason": scenario.not_run,
                 "gradient_verdict": "not run", "logged_verdict": "not run"}
@@ -99,6 +109,31 @@ def check(table: dict) -> list[str]:
             wrong.append(f"{key[0]} × {key[1]}: (gradient, logged) {measured}, expected "
                          f"{expected} ({threads})")
     return wrong
+
+
+def committed_table() -> dict:
+    """Return the committed table, ``docs/conformance/conformance.json``."""
+    return json.loads((_DEFAULT_OUT / "conformance.json").read_text(encoding="utf-8"))
+
+
+def deviation_lines(table: dict) -> list[str]:
+    """One line per program that reproduces deviating updates: its cells, their relative
+    error, their thread (or "no thread") and the program's module name."""
+    grouped: dict[str, list[dict]] = {}
+    for cell in table["cells"]:
+        if cell["gradient_verdict"] == "deviate":
+            grouped.setdefault(Path(cell["program"]).stem, []).append(cell)
+    lines = []
+    for program, cells in grouped.items():
+        names = dict.fromkeys(FRAMEWORKS[c["framework"]].NAME.replace("🤗 ", "").split()[0]
+                              for c in cells)
+        errors = sorted({f"{c['gradient_relative_error']:.2g}" for c in cells})
+        threads = {t["label"] for c in cells for t in c["threads"]} or {"no thread"}
+        scenarios = ", ".join(dict.fromkeys(c["scenario"] for c in cells))
+        lines.append(f"{' / '.join(names)} × {scenarios}: "
+                     f"error {', '.join(errors)}; {', '.join(sorted(threads))}; "
+                     f"repro.{program}")
+    return lines
 
 
 def write_json(table: dict, path: Path) -> None:
@@ -159,72 +194,139 @@ def write_figure(table: dict, path: Path) -> None:
     plt.close(figure)
 
 
-def _cell_text(cell: dict, field: str) -> str:
+_ENGLISH = {
+    "title": "# The conformance table",
+    "intro": (
+        "Each framework's gradient-accumulation path, run as its documentation shows on a tiny "
+        "GPT-2 (float64, SGD, one optimizer step), is held against the large batch's update "
+        "computed by the library's ground truth (`full_batch_gradients`): a cell is the "
+        "update's relative error, and beside it the loss the framework logs against the "
+        "window's true mean token loss. ✅ is a match (relative error ≤ {tolerance}), ❌ a "
+        "deviation, linked to its upstream thread and to the program that reproduces it, or "
+        "\"unexplained\" where no thread was found."),
+    "pinned": (
+        "Pinned versions: {versions}. Written by `make conformance` "
+        "(`gradaccum_course/audits/conformance/`), with [the Chinese page](zh/conformance.md) "
+        "from the same JSON. The Trainer's logged loss comes from a run with its default "
+        "(random) sampler (on 2 ranks, its sequential one), next to the true mean of the "
+        "samples it put in the window; "
+        "Lightning's is `self.log(..., on_epoch=True)`'s value (on 2 ranks, rank 0's)."),
+    "figure": (
+        "The heat-map of both tables is drawn in [notebook 04b's last section]"
+        "(../notebooks/04b_framework_audit.ipynb#6.-The-conformance-table) and written to "
+        "`docs/conformance/conformance.png`."),
+    "scenarios": "## Scenarios",
+    "scenario_line": "- `{key}`: {title}; k = {k}, predicted tokens per micro-batch: {tokens}",
+    "gradient": "## The update against the large batch's",
+    "logged": "## The logged loss against the window's true mean",
+    "framework": "framework",
+    "deviations": "## Each deviation, and what is not run",
+    "not run": "not run",
+    "unexplained": "unexplained",
+    "program": "program",
+    "logged not run": "logged loss not run: {reason}",
+    "cell not run": "not run: {reason}",
+    "program line": "reproduced by {links} (`python -m "
+                    "gradaccum_course.audits.conformance.repro.NAME`, which exits non-zero once "
+                    "the deviation is gone or has changed)",
+    "not yet": "Not in the table yet: TRL's trainers, an MoE router's auxiliary loss.",
+}
+
+
+def _words(lang: str) -> tuple[dict, object]:
+    """The page's words and the translation of the JSON's sentences for ``lang``."""
+    if lang == "en":
+        return _ENGLISH, lambda text: text
+    from .zh import TRANSLATED, WORDS
+
+    return WORDS, TRANSLATED.__getitem__  # a sentence without its Chinese: KeyError
+
+
+def _link(repo_path: str, page: Path) -> str:
+    """A relative link from ``page`` to the repository file ``repo_path``."""
+    return Path(os.path.relpath(_ROOT / repo_path, page.resolve().parent)).as_posix()
+
+
+def _cell_text(cell: dict, field: str, words: dict | None = None,
+               page: Path | None = None) -> str:
+    words = words or _ENGLISH
     verdict = cell[f"{field}_verdict"]
     if verdict == "not run":
-        return "not run"
+        return words["not run"]
     error = cell["gradient_relative_error" if field == "gradient" else "logged_relative_error"]
     if verdict == "match":
         return f"✅ {error:.0e}"
     listed = cell["threads"] if field == "gradient" else cell["logged_threads"]
     threads = " ".join(f"[{t['label'].split()[-1]}]({t['url']})" for t in listed)
-    return f"❌ {error:.2g} " + (threads or "unexplained")
+    text = f"❌ {error:.2g} " + (threads or words["unexplained"])
+    program = cell.get("program" if field == "gradient" else "logged_program")
+    if program and page is not None:
+        text += f" [{words['program']}]({_link(program, page)})"
+    return text
 
 
-def write_page(table: dict, path: Path, figure_name: str = "conformance.png") -> None:
-    """Write the Markdown page: the point, the pinned versions, both tables, each deviation's
-    thread or note, what was not run and why."""
+def write_page(table: dict, path: Path, figure_name: str = "", lang: str = "en") -> None:
+    """Write :func:`page_text` to ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page_text(table, path, figure_name, lang), encoding="utf-8")
+
+
+def page_text(table: dict, path: Path, figure_name: str = "", lang: str = "en") -> str:
+    """The Markdown page in ``lang`` ("en" or "zh") that lives at ``path`` (its links are
+    relative to it): the point, the pinned versions, both tables (each red cell linked to its
+    thread and its program), each deviation's thread or note, what was not run and why.
+    ``figure_name``: an image to embed (none by default: the site copies no images, so the
+    figure is in notebook 04b)."""
+    words, tr = _words(lang)
     frameworks, scenarios, rows = _grid(table, "gradient")
     versions = ", ".join(f"{name} {v}" for name, v in table["versions"].items())
-    lines = [
-        "# The conformance table", "",
-        "Each framework's gradient-accumulation path, run as its documentation shows on a tiny "
-        "GPT-2 (float64, SGD, one optimizer step), is held against the large batch's update "
-        "computed by the library's ground truth (`full_batch_gradients`): a cell is the "
-        "update's relative error, and beside it the loss the framework logs against the "
-        f"window's true mean token loss. ✅ is a match (relative error ≤ {TOLERANCE:g}), ❌ a "
-        "deviation with its upstream thread, or \"unexplained\" where none was found.", "",
-        f"Pinned versions: {versions}. Written by `make conformance` "
-        "(`gradaccum_course/audits/conformance/`). The Trainer's logged loss comes from a run "
-        "with its default (random) sampler, next to the true mean of the samples it put in the "
-        "window; Lightning's is `self.log(..., on_epoch=True)`'s value.", "",
-        f"![The conformance heat-map]({figure_name})", "", "## Scenarios", ""]
-    lines += [f"- `{s['key']}`: {s['title']}; k = {s['accumulation_steps']}, predicted tokens "
-              f"per micro-batch: {', '.join(map(str, s['predicted_tokens']))}"
-              for s in table["scenarios"]]
-    for field, heading in (("gradient", "The update against the large batch's"),
-                           ("logged", "The logged loss against the window's true mean")):
-        lines += ["", f"## {heading}", "", "| framework | " + " | ".join(scenarios) + " |",
-                  "|---" * (len(scenarios) + 1) + "|"]
+    lines = [words["title"], "", words["intro"].format(tolerance=f"{TOLERANCE:g}"), "",
+             words["pinned"].format(versions=versions), "", words["figure"], ""]
+    lines += [f"![conformance]({figure_name})", ""] if figure_name else []
+    lines += [words["scenarios"], ""]
+    lines += [words["scenario_line"].format(
+        key=s["key"], title=tr(s["title"]), k=s["accumulation_steps"],
+        tokens=", ".join(map(str, s["predicted_tokens"]))) for s in table["scenarios"]]
+    for field in ("gradient", "logged"):
+        lines += ["", words[field], "", f"| {words['framework']} | " + " | ".join(scenarios)
+                  + " |", "|---" * (len(scenarios) + 1) + "|"]
         for framework, row in zip(frameworks, rows, strict=True):
             runner = FRAMEWORKS[framework]
             lines.append(f"| {runner.NAME} ({runner.PACKAGE} "
                          f"{table['versions'][runner.PACKAGE]}) | "
-                         + " | ".join(_cell_text(c, field) for c in row) + " |")
-    lines += ["", "## Each deviation, and what is not run", ""]
+                         + " | ".join(_cell_text(c, field, words, path) for c in row) + " |")
+    lines += ["", words["deviations"], ""]
     grouped: dict[str, list[str]] = {}  # a line's text -> the cells it is said of
     for row in rows:
         for cell in row:
             name = FRAMEWORKS[cell["framework"]].NAME
-            said = [f"[{t['label']}]({t['url']}): {t['says']}" for t in cell["threads"]]
-            said += [cell["note"]] if cell["note"] else []
+            said = [f"[{t['label']}]({t['url']}): {tr(t['says'])}" for t in cell["threads"]]
+            said += [tr(cell["note"])] if cell["note"] else []
+            if cell.get("program"):
+                program = cell["program"]
+                said.append(words["program line"].format(
+                    links=f"[`{Path(program).stem}`]({_link(program, path)})"))
             if cell.get("logged_reason"):
-                said.append(f"logged loss not run: {cell['logged_reason']}")
-            said += [f"not run: {cell['reason']}"] if cell["status"] == "not run" else []
+                said.append(words["logged not run"].format(reason=tr(cell["logged_reason"])))
+            if cell["status"] == "not run":
+                said.append(words["cell not run"].format(reason=tr(cell["reason"])))
             for text in said:
                 grouped.setdefault(f"{name}|{text}", []).append(f"`{cell['scenario']}`")
-    lines += [f"- {key.split('|', 1)[0]} × {', '.join(where)}: {key.split('|', 1)[1]}."
+    colon, stop = ("：", "。") if lang == "zh" else (": ", ".")
+    lines += [f"- {key.split('|', 1)[0]} × {', '.join(where)}{colon}{key.split('|', 1)[1]}{stop}"
               for key, where in grouped.items()]
-    lines += ["", "Not in the table yet: the logged loss on 2 ranks, TRL's trainers, an MoE "
-              "router's auxiliary loss, and a program of at most 60 lines per deviation."]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    lines += ["", words["not yet"]]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the table, write ``conformance.json``, ``conformance.png`` and ``conformance.md``
-    under ``--out``, and return 1 if a cell's verdict is not the expected one."""
+    """Run the table, write ``conformance.json`` and ``conformance.png`` under ``--out`` and
+    the English and Chinese pages (``--page``, ``--page-zh``), and return 1 if a cell's
+    verdict is not the expected one."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=_DEFAULT_OUT)
+    parser.add_argument("--page", type=Path, default=_ROOT / "docs" / "conformance.md")
+    parser.add_argument("--page-zh", type=Path, default=_ROOT / "docs" / "zh" / "conformance.md")
     parser.add_argument("--no-progress", action="store_true")
     arguments = parser.parse_args(argv)
     started = time.perf_counter()
@@ -232,7 +334,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments.out.mkdir(parents=True, exist_ok=True)
     write_json(table, arguments.out / "conformance.json")
     write_figure(table, arguments.out / "conformance.png")
-    write_page(table, arguments.out / "conformance.md")
+    write_page(table, arguments.page)
+    write_page(table, arguments.page_zh, lang="zh")
     wrong = check(table)
     print(f"conformance: {len(table['cells'])} cells in {time.perf_counter() - started:.0f} s, "
           f"written to {arguments.out}")

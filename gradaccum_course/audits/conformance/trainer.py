@@ -2,18 +2,21 @@
 the update by :func:`~gradaccum_course.audits.hf_trainer.hf_trainer_step` (its sequential
 sampler, so the micro-batches are the scenario's), the logged loss by
 :func:`~gradaccum_course.audits.hf_trainer.hf_trainer_clipped_run` (its default random sampler,
-the loss it logs for the step next to the true mean of the samples it put in the window)."""
+the loss it logs for the step next to the true mean of the samples it put in the window);
+:func:`logging_step`, the sequential Trainer that keeps its logged loss, serves the 2-rank
+scenario and the reproduction programs."""
 
 from __future__ import annotations
 
+import tempfile
 from importlib.metadata import version
 
 from gradaccum_lib.equivalence import audit_update
 
-from ..hf_trainer import hf_trainer_clipped_run, hf_trainer_step
+from ..hf_trainer import _build_trainer, hf_trainer_clipped_run, hf_trainer_step
 from .scenarios import Scenario, make_optimizer, token_loss
 
-__all__ = ["NAME", "PACKAGE", "run"]
+__all__ = ["NAME", "PACKAGE", "logging_step", "run"]
 
 NAME, PACKAGE = "🤗 Trainer", "transformers"
 
@@ -31,3 +34,23 @@ def run(scenario: Scenario) -> dict[str, float | None | str]:
     return {"gradient_relative_error": audit.relative_difference,
             "norm_ratio": audit.norm_ratio, "logged_loss": logged.logged_loss,
             "true_loss": logged.true_loss, "version": version(PACKAGE)}
+
+
+def logging_step(accumulation_steps: int, logged: dict[str, float]):  # noqa: ANN202
+    """:func:`~gradaccum_course.audits.hf_trainer.hf_trainer_step`'s Trainer (sequential
+    sampler, no clipping) with logging at every step: the step's logged ``loss`` (as the
+    Trainer hands it to its callbacks, on this rank) goes to ``logged``."""
+    from transformers import TrainerCallback
+
+    class KeepLoss(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN003, ANN201, ARG002
+            if logs and "loss" in logs:
+                logged.setdefault("train_loss", float(logs["loss"]))
+
+    def step(model, micro_batches: list, make_optimizer) -> None:  # noqa: ANN001
+        with tempfile.TemporaryDirectory() as output_dir:
+            _build_trainer(model, micro_batches, make_optimizer(model.parameters()),
+                           accumulation_steps, output_dir, callbacks=[KeepLoss()],
+                           log_every_step=True, shuffle=False).train()
+
+    return step

@@ -3,7 +3,8 @@ ranks (torchrun, through :func:`gradaccum_course.launch.launch`), k = 2 micro-ba
 so that the window is the same 8 uneven sequences as the one-process scenarios' and the truth
 is their full batch. Each rank runs :func:`~gradaccum_lib.equivalence.audit_update` (the truth
 in-process on the whole window, the framework's step on its own shard of it, as the framework
-shards a DataLoader); rank 0 writes the result.
+shards a DataLoader); rank 0 writes the result, with each rank's logged loss where the
+framework logs one (the Trainer's step ``loss``, Lightning's epoch ``train_loss``).
 Run: ``torchrun --nproc_per_node=2 -m gradaccum_course.audits.conformance.two_ranks
 --framework NAME --json PATH``.
 """
@@ -22,25 +23,25 @@ from gradaccum_course.launch import launch, run_worker
 from gradaccum_lib.distributed import init_distributed
 from gradaccum_lib.equivalence import audit_update
 
-from .scenarios import Scenario, make_optimizer, token_loss
+from .scenarios import Scenario, make_optimizer, token_loss, window_mean_loss
 
 __all__ = ["PACKAGES", "run"]
 
 PACKAGES = {"trainer": "transformers", "accelerate": "accelerate", "lightning": "lightning"}
 
 
-def _step(framework: str, accumulation_steps: int):  # noqa: ANN202
+def _step(framework: str, accumulation_steps: int, logged: dict[str, float]):  # noqa: ANN202
     if framework == "trainer":
-        from ..hf_trainer import hf_trainer_step
+        from .trainer import logging_step
 
-        return hf_trainer_step(accumulation_steps, shuffle=False)
+        return logging_step(accumulation_steps, logged)
     if framework == "accelerate":
         from ..frameworks import accelerate_step
 
         return accelerate_step(accumulation_steps)
     from .lightning import fit_step
 
-    return fit_step(accumulation_steps, 0.0, {}, devices=dist.get_world_size())
+    return fit_step(accumulation_steps, 0.0, logged, devices=dist.get_world_size())
 
 
 def _main() -> int:
@@ -50,14 +51,19 @@ def _main() -> int:
     from .scenarios import SCENARIOS
 
     (scenario,) = [s for s in SCENARIOS if s.key == "two_ranks"]
-    audit = audit_update(_step(framework, scenario.accumulation_steps), scenario.model(),
-                         token_loss, scenario.micro_batches(), make_optimizer)
+    logged: dict[str, float] = {}  # Lightning's epoch train_loss, as this rank logs it
+    audit = audit_update(_step(framework, scenario.accumulation_steps, logged),
+                         scenario.model(), token_loss, scenario.micro_batches(), make_optimizer)
     gathered = [None] * context.world_size
     dist.all_gather_object(gathered, audit.relative_difference)
+    ranks_logged = [None] * context.world_size
+    dist.all_gather_object(ranks_logged, logged.get("train_loss"))
     if context.is_main:
         Path(json_path).write_text(json.dumps({
             "gradient_relative_error": audit.relative_difference,
             "norm_ratio": audit.norm_ratio, "ranks_relative_error": gathered,
+            "ranks_logged_loss": ranks_logged,
+            "true_loss": window_mean_loss(scenario.model(), scenario.micro_batches()),
             "version": version(PACKAGES[framework])}))
     dist.barrier()
     if dist.is_initialized():
@@ -66,14 +72,18 @@ def _main() -> int:
 
 
 def run(framework: str, scenario: Scenario) -> dict[str, float | None | str]:
-    """Return ``framework``'s cell for the 2-rank ``scenario`` (its logged loss not run)."""
+    """Return ``framework``'s cell for the 2-rank ``scenario``: its logged loss is the one
+    rank 0 logs (what a logger there records); Accelerate logs none."""
     del scenario  # the workers build it themselves, by key
     result = launch("gradaccum_course.audits.conformance.two_ranks", ["--framework", framework],
                     nproc_per_node=2, timeout_seconds=300)
     if max(result["ranks_relative_error"]) - min(result["ranks_relative_error"]) > 1e-9:
         raise RuntimeError(f"{framework}: the 2 ranks ended with different updates: {result}")
-    return {**result, "logged_loss": None, "true_loss": None,
-            "logged_not_run": "the logged loss on 2 ranks is left for a later session"}
+    if result["ranks_logged_loss"][0] is not None:  # what a logger on rank 0 records
+        return {**result, "logged_loss": result["ranks_logged_loss"][0]}
+    from .accelerate import NO_LOGGED_LOSS
+
+    return {**result, "logged_loss": None, "true_loss": None, "logged_not_run": NO_LOGGED_LOSS}
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ no thread was found for says "unexplained"). A version bump that changes a verdi
 
 from __future__ import annotations
 
-__all__ = ["EXPECTED", "GRADIENT_ONLY", "NOTES", "THREADS", "TOLERANCE", "Thread"]
+__all__ = ["EXPECTED", "GRADIENT_ONLY", "LOGGED_PROGRAMS", "NOTES", "PROGRAMS", "THREADS",
+           "TOLERANCE", "Thread"]
 
 #: a relative error at or below this is a match (the transformers causal-LM loss computes in
 #: float32 even for a float64 model: its exact cells sit near 1e-7)
@@ -40,9 +41,9 @@ EXPECTED: dict[tuple[str, str], tuple[str, str]] = {
     ("lightning", "no_kwargs"): ("deviate", "deviate"),
     ("lightning", "drops_kwargs"): ("deviate", "deviate"),
     ("lightning", "position_0"): ("match", "match"),
-    ("trainer", "two_ranks"): ("match", "not run"),
+    ("trainer", "two_ranks"): ("match", "match"),
     ("accelerate", "two_ranks"): ("deviate", "not run"),
-    ("lightning", "two_ranks"): ("deviate", "not run"),
+    ("lightning", "two_ranks"): ("deviate", "deviate"),
 }
 
 _LIGHTNING_UNEVEN: Thread = (
@@ -96,10 +97,36 @@ NOTES: dict[tuple[str, str], str] = {
         "the logged train_loss (on_epoch) is the micro-batch means averaged by the batch size "
         "Lightning infers (sequences), not by tokens: no thread found for the logged value"),
 }
-NOTES[("accelerate", "two_ranks")] = NOTES[("lightning", "two_ranks")] = (
-    "no thread found (unexplained): on 2 gloo ranks, k = 2 each, the update is not the large "
-    "batch's")
+NOTES[("accelerate", "two_ranks")] = (
+    "no thread found (unexplained). Measured: on 2 gloo ranks, k = 2 each, the update is the "
+    "mean of the 4 micro-batch means', as in one process")
+NOTES[("lightning", "two_ranks")] = (
+    "no thread found (unexplained). Measured: on 2 gloo ranks, k = 2 each, the update is the "
+    "mean of the 4 micro-batch means' (the cause of Lightning #20350, over ranks), of other "
+    "micro-batches than one process's: under DDP Lightning shuffles the training samples "
+    "(DistributedSampler, seed 0) though the loader given does not; the train_loss logged on "
+    "rank 0 is that rank's own mean of its 2 micro-batch means (self.log's sync_dist is off "
+    "by default)")
 NOTES[("accelerate", "no_kwargs")] = NOTES[("accelerate", "drops_kwargs")] = NOTES[
     ("accelerate", "uneven")]
 NOTES[("lightning", "no_kwargs")] = NOTES[("lightning", "drops_kwargs")] = NOTES[
     ("lightning", "uneven")]
+
+#: (framework, scenario) -> the module under ``repro/`` that reproduces that deviating cell
+#: (``python -m gradaccum_course.audits.conformance.repro.NAME``; tests/test_conformance.py
+#: runs each): the update; those of LOGGED_PROGRAMS hold the logged loss too
+PROGRAMS: dict[tuple[str, str], str] = {
+    ("trainer", "no_kwargs"): "trainer_no_kwargs",
+    ("trainer", "drops_kwargs"): "trainer_drops_kwargs",
+    ("trainer", "position_0"): "trainer_position_0",
+    ("accelerate", "partial"): "accelerate_partial",
+    ("accelerate", "two_ranks"): "two_ranks",
+    ("lightning", "partial"): "lightning_partial",
+    ("lightning", "two_ranks"): "two_ranks",
+    **{(framework, key): f"{framework}_mean_of_means" for framework in ("accelerate", "lightning")
+       for key in ("uneven", "no_kwargs", "drops_kwargs")},
+}
+
+#: the programs that also reproduce the cell's logged loss (the others: its update only)
+LOGGED_PROGRAMS = {"lightning_mean_of_means", "two_ranks", "trainer_no_kwargs",
+                   "trainer_drops_kwargs", "trainer_position_0"}
