@@ -58,10 +58,11 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 sys.path.append(str(Path(__file__).resolve().parent))  # site_pages, site_vendor beside it
 import site_pages  # noqa: E402
+from build_twins import twin_name  # noqa: E402 - a twin's file name: 00_the_article.zh.ipynb
 from site_vendor import (  # noqa: E402,F401 - fetch_*, VENDOR_FILES: the tests' entry points
     MATHJAX_CACHE,
     MATHJAX_CDN,
@@ -248,11 +249,12 @@ def _load_twins(notebooks: Path, pages: list[Page]) -> dict[str, Page]:
 
     twins = {}
     for page in pages:
-        path = notebooks / ZH / page.notebook
+        twin = twin_name(PurePosixPath(page.notebook))
+        path = notebooks / ZH / twin
         if not path.is_file():
             continue
         node = nbformat.read(path, as_version=4)
-        twins[page.page] = Page(f"{ZH}/{page.notebook}", f"{ZH}/{page.page}",
+        twins[page.page] = Page(f"{ZH}/{twin}", f"{ZH}/{page.page}",
                                 notebook_title(node, Path(page.notebook).name), node, page.entry,
                                 solutions=page.solutions, exercises=page.exercises)
     return twins

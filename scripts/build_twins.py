@@ -98,9 +98,19 @@ def translation_path(notebook: Path) -> Path:
     return TRANSLATIONS / relative(notebook).with_suffix(".md")
 
 
+#: a twin's name is its English notebook's with this suffix (00_the_article.zh.ipynb), so that
+#: the two open as tabs a reader can tell apart
+TWIN_SUFFIX = ".zh.ipynb"
+
+
+def twin_name(notebook: PurePosixPath) -> PurePosixPath:
+    """Return the twin's path for an English notebook's path (both relative to their folder)."""
+    return notebook.with_name(notebook.name.removesuffix(".ipynb") + TWIN_SUFFIX)
+
+
 def twin_path(notebook: Path) -> Path:
     """Return where an English notebook's twin is written."""
-    return TWINS / relative(notebook)
+    return TWINS / twin_name(relative(notebook))
 
 
 @dataclass(frozen=True)
@@ -242,7 +252,7 @@ class Linker:
             inside = PurePosixPath(*resolved.parts[1:])
             if (resolved.suffix == ".ipynb" and resolved.parts[0] == "notebooks"
                     and translation_path(NOTEBOOKS / inside).exists()):  # it has a twin
-                resolved = PurePosixPath("notebooks/zh") / inside
+                resolved = PurePosixPath("notebooks/zh") / twin_name(inside)
                 if fragment:
                     fragment = self.anchors(inside).get(fragment, fragment)
             new = os.path.relpath(str(resolved), str(twin_folder))

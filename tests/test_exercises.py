@@ -493,7 +493,8 @@ def test_every_solutions_check_line_is_said_in_chinese_in_the_twin_with_its_numb
     for path in english:
         lines = check_lines(path)
         assert lines, path.name
-        twin = check_lines(root / "notebooks" / "zh" / "solutions" / path.name)
+        twin = check_lines(root / "notebooks" / "zh" / "solutions" / path.name.replace(
+            ".ipynb", ".zh.ipynb"))
         assert len(twin) == len(lines), path.name
         for line, chinese in zip(lines, twin, strict=True):
             exercise_id, checked = re.match(r"✓ Exercise (\S+): correct\. (.*)", line).groups()

@@ -250,7 +250,8 @@ def test_solutions_are_pages_linked_from_their_notebooks(site):
         assert link in (out / "index.html").read_text(), notebook
         assert f'href="../{notebook}#Exercises"' in page.read_text(), page.name
         twin = (f"zh/solutions/{page.name}"
-                if (source / "notebooks" / "zh" / "solutions" / path.name).exists() else None)
+                if (source / "notebooks" / "zh" / "solutions" / path.name.replace(
+                    ".ipynb", ".zh.ipynb")).exists() else None)
         assert {"notebook": f"solutions/{path.name}", "page": f"solutions/{page.name}",
                 "title": title, "widgets": False, "run_time": None,
                 "solutions": None, "twin": twin} in listing
@@ -267,7 +268,7 @@ def test_the_chinese_edition_is_published_and_each_page_links_its_twin(site):
     english_pages = {entry["page"]: entry for entry in listing if "twin" in entry}
     for path in twins:
         relative = path.relative_to(source / "notebooks" / "zh").as_posix()
-        page = relative.replace(".ipynb", ".html")
+        page = relative.replace(".zh.ipynb", ".html")  # a twin's page has the English name
         twin_page = out / "zh" / page
         text = twin_page.read_text()
         assert text.startswith("<!DOCTYPE html>") and '<html lang="zh-CN">' in text, page

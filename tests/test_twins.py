@@ -82,7 +82,8 @@ def test_a_twins_stored_sliders_speak_chinese_with_the_english_numbers(name: str
     executed, says its stored labels and summaries the same way (the widget module's own
     Chinese texts), each with the English text's numbers."""
     english = json.loads((ROOT / "notebooks" / name).read_text(encoding="utf-8"))
-    twin = json.loads((ROOT / "notebooks" / "zh" / name).read_text(encoding="utf-8"))
+    twin = json.loads((ROOT / "notebooks" / "zh" / name.replace(".ipynb", ".zh.ipynb")).read_text(
+        encoding="utf-8"))
     english_texts, twin_texts = _widget_texts(english), _widget_texts(twin)
     assert english_texts and set(twin_texts) == set(english_texts)
     for key, text in twin_texts.items():
@@ -245,7 +246,7 @@ def test_exercise_feedback_follows_the_notebooks_language(monkeypatch, capsys) -
     assert language() == "en"
     # every exercise is framed in Chinese, and a twin's checker cells show the Chinese framing
     assert set(exercises._TITLES_ZH) == set(exercises._EXERCISES) == set(exercises._EXPECTS_ZH)
-    twin = json.loads((ROOT / "notebooks" / "zh" / "00_the_article.ipynb").read_text())
+    twin = json.loads((ROOT / "notebooks" / "zh" / "00_the_article.zh.ipynb").read_text())
     checks = [cell for cell in twin["cells"] if cell["cell_type"] == "code"
               and "".join(cell["source"]).startswith("check_exercise(")]
     assert checks and all("".join(cell["outputs"][0]["text"]).startswith("练习 00.")

@@ -38,7 +38,7 @@ from gradaccum_lib.runtime import check_number, check_positive_int
 
 from .frameworks import WindowDataset
 
-__all__ = ["hf_model_loss_gradients", "hf_trainer_clipped_run", "hf_trainer_step",
+__all__ = ["build_trainer", "hf_model_loss_gradients", "hf_trainer_clipped_run", "hf_trainer_step",
            "hf_trainer_train_sampler"]
 
 _WORKAROUNDS = (None, "accepts_loss_kwargs=False", "loss_is_scaled_for_ga=False",
@@ -48,7 +48,7 @@ _WORKAROUNDS = (None, "accepts_loss_kwargs=False", "loss_is_scaled_for_ga=False"
 def hf_trainer_step(accumulation_steps: int, *, workaround: str | None = None,  # noqa: ANN201
                     max_grad_norm: float = 0.0, shuffle: bool = True):
     """Return a step function for the HF ``Trainer`` with ``gradient_accumulation_steps=k``
-    (:func:`_build_trainer`): one epoch over the window's samples in its default (shuffled)
+    (:func:`build_trainer`): one epoch over the window's samples in its default (shuffled)
     order unless ``shuffle=False``, clipping off unless ``max_grad_norm`` is given, a
     constant learning rate, the optimizer passed in.
 
@@ -63,7 +63,7 @@ def hf_trainer_step(accumulation_steps: int, *, workaround: str | None = None,  
 
     def step(model: nn.Module, micro_batches: list, make_optimizer: OptimizerFactory) -> None:
         with tempfile.TemporaryDirectory() as output_dir:
-            _build_trainer(model, micro_batches, make_optimizer(model.parameters()),
+            build_trainer(model, micro_batches, make_optimizer(model.parameters()),
                            accumulation_steps, output_dir, max_grad_norm=max_grad_norm,
                            workaround=workaround, shuffle=shuffle).train()
 
@@ -75,7 +75,7 @@ def _check_workaround(workaround: object) -> None:
         raise ValueError(f"workaround must be one of {_WORKAROUNDS}; got {workaround!r}")
 
 
-def _build_trainer(model: nn.Module, micro_batches: Sequence[Mapping[str, Tensor]],
+def build_trainer(model: nn.Module, micro_batches: Sequence[Mapping[str, Tensor]],
                    optimizer: torch.optim.Optimizer, accumulation_steps: int, output_dir: str, *,
                    max_grad_norm: float = 0.0, workaround: str | None = None,
                    callbacks: Sequence[Any] = (), log_every_step: bool = False,
@@ -133,7 +133,7 @@ def hf_trainer_train_sampler(model: nn.Module,
     touched (the Trainer gets a copy)."""
     model = copy.deepcopy(model)
     with tempfile.TemporaryDirectory() as output_dir:
-        trainer = _build_trainer(model, micro_batches,
+        trainer = build_trainer(model, micro_batches,
                                  torch.optim.SGD(model.parameters(), lr=0.1), 1, output_dir)
         return trainer._get_train_sampler()
 
@@ -183,7 +183,7 @@ def hf_trainer_clipped_run(model: nn.Module, micro_batches: Sequence[Mapping[str
                            max_grad_norm: float = 1.0, workaround: str | None = None,
                            loss_fn: LossFn = bert_classification_loss,
                            ) -> list[_ClippedTrainerStep]:
-    """Train a copy of ``model`` with the 🤗 ``Trainer`` (:func:`_build_trainer`: its default
+    """Train a copy of ``model`` with the 🤗 ``Trainer`` (:func:`build_trainer`: its default
     sampler, ``gradient_accumulation_steps=k``, ``max_grad_norm``) for one epoch over the
     micro-batches' samples, and return one step record per optimizer step (its logged and
     true loss and norm, the update's norm ratio and cosine to the truth, the reference run's
@@ -200,7 +200,7 @@ def hf_trainer_clipped_run(model: nn.Module, micro_batches: Sequence[Mapping[str
     handle = audit.trained.register_forward_pre_hook(audit.count_forward)
     try:
         with tempfile.TemporaryDirectory() as output_dir:
-            trainer = _build_trainer(audit.trained, micro_batches, audit.optimizer,
+            trainer = build_trainer(audit.trained, micro_batches, audit.optimizer,
                                      accumulation_steps, output_dir, max_grad_norm=max_grad_norm,
                                      workaround=workaround, callbacks=[_callback(audit)],
                                      log_every_step=True)

@@ -55,7 +55,7 @@ CASES = [
 ]
 # the Chinese twin of 02 (notebooks/zh/): its stored sliders must render on open too, labelled
 # in Chinese (scripts/build_twins.py says the stored widgets' texts as a Chinese kernel does)
-OPENED = [*CASES, ("zh/02_single_device.ipynb", "累积步数 k", "8", True)]
+OPENED = [*CASES, ("zh/02_single_device.zh.ipynb", "累积步数 k", "8", True)]
 # Moving a slider needs a live kernel, so its notebook is run whole first. 04 takes minutes
 # (its training and torchrun runs), so by default only 02 and 06 are run and moved:
 # the same front-end code draws every explorer, and tests/test_widgets_and_figures.py moves

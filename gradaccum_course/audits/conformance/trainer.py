@@ -13,7 +13,7 @@ from importlib.metadata import version
 
 from gradaccum_lib.equivalence import audit_update
 
-from ..hf_trainer import _build_trainer, hf_trainer_clipped_run, hf_trainer_step
+from ..hf_trainer import build_trainer, hf_trainer_clipped_run, hf_trainer_step
 from .scenarios import Scenario, make_optimizer, token_loss
 
 __all__ = ["NAME", "PACKAGE", "logging_step", "run"]
@@ -49,7 +49,7 @@ def logging_step(accumulation_steps: int, logged: dict[str, float]):  # noqa: AN
 
     def step(model, micro_batches: list, make_optimizer) -> None:  # noqa: ANN001
         with tempfile.TemporaryDirectory() as output_dir:
-            _build_trainer(model, micro_batches, make_optimizer(model.parameters()),
+            build_trainer(model, micro_batches, make_optimizer(model.parameters()),
                            accumulation_steps, output_dir, callbacks=[KeepLoss()],
                            log_every_step=True, shuffle=False).train()
 

@@ -23,7 +23,7 @@ WORDS = {
         "均值对比；Lightning 记录的是 "
         "`self.log(..., on_epoch=True)` 的值（2 个进程时取 0 号进程的）。"),
     "figure": (
-        "两张表的热力图画在[笔记本 04b 的最后一节](../../notebooks/zh/04b_framework_audit.ipynb)"
+        "两张表的热力图画在[笔记本 04b 的最后一节](../../notebooks/zh/04b_framework_audit.zh.ipynb)"
         "，图片文件是 `docs/conformance/conformance.png`。"),
     "scenarios": "## 场景",
     "scenario_line": "- `{key}`：{title}；k = {k}，每个微批次预测的 token 数：{tokens}",
