@@ -50,7 +50,8 @@ def test_the_committed_table_was_measured_at_the_pinned_versions(committed):
         installed = version(package).split("+")[0]  # torch's local build tag (+cpu) aside
         assert installed == pinned.split("+")[0], f"{package}: {installed}; table: {pinned}"
     assert {(c["framework"], c["scenario"]) for c in committed["cells"]} == {
-        (f, s.key) for f in ("trainer", "accelerate", "lightning") for s in SCENARIOS}
+        (f, s.key) for f in ("trainer", "accelerate", "lightning", "trl", "trl_grpo")
+        for s in SCENARIOS}
 
 
 def test_every_committed_cell_has_its_expected_verdict_and_a_thread_or_a_note(committed):
@@ -102,6 +103,28 @@ def test_live_trainer_counts_position_0_of_a_gpt2():
     cell = _cell("trainer", "position_0")
     assert cell["norm_ratio"] == pytest.approx(56 / 64, rel=1e-6), _name("trainer", "position_0")
     assert cell["logged_loss"] / cell["true_loss"] == pytest.approx(56 / 64, rel=1e-5)
+
+
+def test_live_trl_sft_counts_position_0_of_a_gpt2():
+    # transformers PR #46204 counts labels[..., 1:] only for a ForCausalLMLoss loss_type
+    cell = _cell("trl", "equal")
+    assert cell["norm_ratio"] == pytest.approx(56 / 64, rel=1e-6), _name("trl", "equal")
+    assert cell["logged_loss"] / cell["true_loss"] == pytest.approx(56 / 64, rel=1e-5)
+
+
+def test_trl_grpo_losses_are_aggregated_only_behind_generation(committed):
+    # why the GRPO-family row is not run: a version that exposes the aggregation fails here
+    import inspect
+
+    from trl import GRPOTrainer
+
+    from gradaccum_course.audits.conformance.trl import GRPO_NOT_RUN
+
+    assert "self._compute_loss(model, inputs)" in inspect.getsource(GRPOTrainer.compute_loss)
+    assert "_generate_and_score_completions" in inspect.getsource(GRPOTrainer._prepare_inputs)
+    for cell in committed["cells"]:
+        if cell["framework"] == "trl_grpo":
+            assert cell["status"] == "not run" and cell["reason"] == GRPO_NOT_RUN, cell
 
 
 def test_live_accelerate_divides_a_partial_window_by_the_configured_k():
@@ -222,9 +245,10 @@ def test_full_the_programs_run_as_modules_the_two_rank_one_included():
     import subprocess
     import sys
 
-    for name in ("accelerate_partial", "two_ranks"):
+    for name, *argv in (("accelerate_partial",), ("two_ranks",),
+                        ("trl_position_0", "--two-ranks")):
         result = subprocess.run([sys.executable, "-m",
-                                 f"gradaccum_course.audits.conformance.repro.{name}"],
+                                 f"gradaccum_course.audits.conformance.repro.{name}", *argv],
                                 capture_output=True, text=True, timeout=600, cwd=ROOT,
                                 check=False)
         assert result.returncode == 0 and "reproduced" in result.stdout, result.stdout[-2000:]

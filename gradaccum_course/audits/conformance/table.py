@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import accelerate, lightning, trainer, two_ranks
+from . import accelerate, lightning, trainer, trl, two_ranks
 from .scenarios import SCENARIOS, Scenario
 from .verdicts import EXPECTED, GRADIENT_ONLY, LOGGED_PROGRAMS, NOTES, PROGRAMS, THREADS, TOLERANCE
 
@@ -27,7 +27,8 @@ __all__ = ["FIGURE", "FRAMEWORKS", "check", "committed_table", "deviation_lines"
            "measure_cell", "page_text", "run_table", "write_figure", "write_json", "write_page"]
 
 #: the framework columns' runners, by key
-FRAMEWORKS = {"trainer": trainer, "accelerate": accelerate, "lightning": lightning}
+FRAMEWORKS = {"trainer": trainer, "accelerate": accelerate, "lightning": lightning,
+              "trl": trl, "trl_grpo": trl.GRPO}
 _ROOT = Path(__file__).resolve().parents[3]
 _DEFAULT_OUT = _ROOT / "docs" / "conformance"
 #: the committed heat-map (``make conformance`` writes it)
@@ -55,8 +56,9 @@ def measure_cell(framework: str, scenario: Scenario) -> dict:
         program = f"gradaccum_course/audits/conformance/repro/{PROGRAMS[key]}.py"
         cell |= {"program": program,
                  "logged_program": program if PROGRAMS[key] in LOGGED_PROGRAMS else ""}
-    if scenario.not_run:
-        return {**cell, "status": "not run", "reason": scenario.not_run,
+    reason = scenario.not_run or getattr(runner, "NOT_RUN", {}).get(scenario.key, "")
+    if reason:
+        return {**cell, "status": "not run", "reason": reason,
                 "gradient_verdict": "not run", "logged_verdict": "not run"}
     measured = two_ranks.run(framework, scenario) if scenario.ranks > 1 else runner.run(scenario)
     logged, true = measured["logged_loss"], measured["true_loss"]
@@ -170,7 +172,8 @@ def write_figure(table: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     panels = (("gradient", "update vs the large batch's"), ("logged", "logged loss vs true mean"))
-    figure, axes = plt.subplots(1, 2, figsize=(13, 3.2), constrained_layout=True)
+    height = 1.6 + 0.45 * len({cell["framework"] for cell in table["cells"]})
+    figure, axes = plt.subplots(1, 2, figsize=(13, height), constrained_layout=True)
     for axis, (field, title) in zip(axes, panels, strict=True):
         frameworks, scenarios, rows = _grid(table, field)
         error_key = "gradient_relative_error" if field == "gradient" else "logged_relative_error"
@@ -210,11 +213,11 @@ _ENGLISH = {
         "from the same JSON. The Trainer's logged loss comes from a run with its default "
         "(random) sampler (on 2 ranks, its sequential one), next to the true mean of the "
         "samples it put in the window; "
-        "Lightning's is `self.log(..., on_epoch=True)`'s value (on 2 ranks, rank 0's)."),
+        "Lightning's is `self.log(..., on_epoch=True)`'s value (on 2 ranks, rank 0's); "
+        "TRL's is SFTTrainer's step `loss` (sequential sampler; on 2 ranks, rank 0's)."),
     "figure": (
-        "The heat-map of both tables is drawn in [notebook 04b's last section]"
-        "(../notebooks/04b_framework_audit.ipynb#6.-The-conformance-table) and written to "
-        "`docs/conformance/conformance.png`."),
+        "The heat-map of both tables (`docs/conformance/conformance.png`; notebook 04b shows it "
+        "in [its last section](../notebooks/04b_framework_audit.ipynb#6.-The-conformance-table)):"),
     "scenarios": "## Scenarios",
     "scenario_line": "- `{key}`: {title}; k = {k}, predicted tokens per micro-batch: {tokens}",
     "gradient": "## The update against the large batch's",
@@ -229,7 +232,8 @@ _ENGLISH = {
     "program line": "reproduced by {links} (`python -m "
                     "gradaccum_course.audits.conformance.repro.NAME`, which exits non-zero once "
                     "the deviation is gone or has changed)",
-    "not yet": "Not in the table yet: TRL's trainers, an MoE router's auxiliary loss.",
+    "not yet": "Not in the table yet: TRL's other trainers (DPO, KTO, RLOO, reward), an MoE "
+               "router's auxiliary loss; the GRPO-family row is there but not run (why: above).",
 }
 
 
@@ -265,23 +269,25 @@ def _cell_text(cell: dict, field: str, words: dict | None = None,
     return text
 
 
-def write_page(table: dict, path: Path, figure_name: str = "", lang: str = "en") -> None:
+def write_page(table: dict, path: Path, figure_name: str | None = None, lang: str = "en") -> None:
     """Write :func:`page_text` to ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page_text(table, path, figure_name, lang), encoding="utf-8")
 
 
-def page_text(table: dict, path: Path, figure_name: str = "", lang: str = "en") -> str:
+def page_text(table: dict, path: Path, figure_name: str | None = None, lang: str = "en") -> str:
     """The Markdown page in ``lang`` ("en" or "zh") that lives at ``path`` (its links are
     relative to it): the point, the pinned versions, both tables (each red cell linked to its
     thread and its program), each deviation's thread or note, what was not run and why.
-    ``figure_name``: an image to embed (none by default: the site copies no images, so the
-    figure is in notebook 04b)."""
+    ``figure_name``: the image embedded ("": none); by default the heat-map, :data:`FIGURE`, by
+    its path from the page (the site copies it beside the pages)."""
     words, tr = _words(lang)
     frameworks, scenarios, rows = _grid(table, "gradient")
     versions = ", ".join(f"{name} {v}" for name, v in table["versions"].items())
     lines = [words["title"], "", words["intro"].format(tolerance=f"{TOLERANCE:g}"), "",
              words["pinned"].format(versions=versions), "", words["figure"], ""]
+    if figure_name is None:
+        figure_name = Path(os.path.relpath(FIGURE, path.resolve().parent)).as_posix()
     lines += [f"![conformance]({figure_name})", ""] if figure_name else []
     lines += [words["scenarios"], ""]
     lines += [words["scenario_line"].format(

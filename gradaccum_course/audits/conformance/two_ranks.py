@@ -27,7 +27,8 @@ from .scenarios import Scenario, make_optimizer, token_loss, window_mean_loss
 
 __all__ = ["PACKAGES", "run"]
 
-PACKAGES = {"trainer": "transformers", "accelerate": "accelerate", "lightning": "lightning"}
+PACKAGES = {"trainer": "transformers", "accelerate": "accelerate", "lightning": "lightning",
+            "trl": "trl"}
 
 
 def _step(framework: str, accumulation_steps: int, logged: dict[str, float]):  # noqa: ANN202
@@ -35,6 +36,10 @@ def _step(framework: str, accumulation_steps: int, logged: dict[str, float]):  #
         from .trainer import logging_step
 
         return logging_step(accumulation_steps, logged)
+    if framework == "trl":
+        from .trl import sft_step
+
+        return sft_step(accumulation_steps, 0.0, logged)
     if framework == "accelerate":
         from ..frameworks import accelerate_step
 

@@ -44,6 +44,11 @@ EXPECTED: dict[tuple[str, str], tuple[str, str]] = {
     ("trainer", "two_ranks"): ("match", "match"),
     ("accelerate", "two_ranks"): ("deviate", "not run"),
     ("lightning", "two_ranks"): ("deviate", "deviate"),
+    ("trl", "equal"): ("deviate", "deviate"),
+    ("trl", "uneven"): ("deviate", "deviate"),
+    ("trl", "partial"): ("deviate", "deviate"),
+    ("trl", "clip"): ("match", "deviate"),
+    ("trl", "two_ranks"): ("deviate", "deviate"),
 }
 
 _LIGHTNING_UNEVEN: Thread = (
@@ -77,6 +82,24 @@ THREADS: dict[tuple[str, str], tuple[Thread, ...]] = {
          "accumulate_grad_batches instead of by the batches it holds"),),
 }
 
+_TRL_COUNT: Thread = (
+    "transformers PR #46204", f"{_TRANSFORMERS}/pull/46204",
+    "merged: causal-LM losses never predict position 0, so the Trainer counts labels[..., 1:] "
+    "for num_items_in_batch, but only for models whose loss_type maps to ForCausalLMLoss")
+THREADS |= {("trl", key): (_TRL_COUNT,)
+            for key in ("equal", "uneven", "partial", "clip", "two_ranks")}
+
+_TRL = "https://github.com/huggingface/trl"
+THREADS |= {("trl_grpo", key): (
+    ("TRL #5619", f"{_TRL}/issues/5619",
+     "asks why the dapo loss is not divided by the accumulation steps; the maintainer: "
+     "num_items_in_batch counts the whole accumulated batch"),
+    ("TRL PR #6024", f"{_TRL}/pull/6024",
+     "merged: dapo, cispo and vespo were scaled by gradient_accumulation_steps / "
+     "steps_per_generation; the pinned source has the rescaling (read, not measured here)"))
+    for key in ("equal", "uneven", "partial", "clip", "no_kwargs", "drops_kwargs",
+                "position_0", "two_ranks")}
+
 #: cells whose threads explain the update only: their logged loss is "unexplained"
 GRADIENT_ONLY = {("lightning", "uneven"), ("lightning", "no_kwargs"),
                  ("lightning", "drops_kwargs")}
@@ -107,6 +130,15 @@ NOTES[("lightning", "two_ranks")] = (
     "(DistributedSampler, seed 0) though the loader given does not; the train_loss logged on "
     "rank 0 is that rank's own mean of its 2 micro-batch means (self.log's sync_dist is off "
     "by default)")
+NOTES |= {("trl", key): (
+    "Measured: GPT2LMHeadModel's loss_type is None and SFTTrainer's collator labels position 0 "
+    "(labels = input_ids), so num_items_in_batch counts the labelled positions: the update and "
+    "the logged loss are the predicted tokens over them (56/64 equal, 30/38 uneven, 28/32 "
+    "partial, 30/38 on 2 ranks); with model.loss_type = \"ForCausalLM\" the update matches")
+    for key in ("equal", "uneven", "partial", "two_ranks")}
+NOTES[("trl", "clip")] = (
+    "Measured: clipping at 1.0 rescales the 56/64 update to the large batch's (same direction, "
+    "norm above 1), so the update matches; the logged loss is still 56/64 of the true mean")
 NOTES[("accelerate", "no_kwargs")] = NOTES[("accelerate", "drops_kwargs")] = NOTES[
     ("accelerate", "uneven")]
 NOTES[("lightning", "no_kwargs")] = NOTES[("lightning", "drops_kwargs")] = NOTES[
@@ -123,10 +155,12 @@ PROGRAMS: dict[tuple[str, str], str] = {
     ("accelerate", "two_ranks"): "two_ranks",
     ("lightning", "partial"): "lightning_partial",
     ("lightning", "two_ranks"): "two_ranks",
+    **{("trl", key): "trl_position_0"
+       for key in ("equal", "uneven", "partial", "clip", "two_ranks")},
     **{(framework, key): f"{framework}_mean_of_means" for framework in ("accelerate", "lightning")
        for key in ("uneven", "no_kwargs", "drops_kwargs")},
 }
 
 #: the programs that also reproduce the cell's logged loss (the others: its update only)
 LOGGED_PROGRAMS = {"lightning_mean_of_means", "two_ranks", "trainer_no_kwargs",
-                   "trainer_drops_kwargs", "trainer_position_0"}
+                   "trainer_drops_kwargs", "trainer_position_0", "trl_position_0"}

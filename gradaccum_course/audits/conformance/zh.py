@@ -21,10 +21,11 @@ WORDS = {
         "写出，[英文版](../conformance.md)与本页出自同一份 JSON。`Trainer` 记录的损失来自一次"
         "使用默认（随机）采样器的运行（2 个进程时用顺序采样器），与它放进窗口的样本的真实"
         "均值对比；Lightning 记录的是 "
-        "`self.log(..., on_epoch=True)` 的值（2 个进程时取 0 号进程的）。"),
+        "`self.log(..., on_epoch=True)` 的值（2 个进程时取 0 号进程的）；TRL 记录的是 "
+        "SFTTrainer 每步的 `loss`（顺序采样器；2 个进程时取 0 号进程的）。"),
     "figure": (
-        "两张表的热力图画在[笔记本 04b 的最后一节](../../notebooks/zh/04b_framework_audit.zh.ipynb)"
-        "，图片文件是 `docs/conformance/conformance.png`。"),
+        "两张表的热力图（`docs/conformance/conformance.png`；笔记本 04b 在"
+        "[最后一节](../../notebooks/zh/04b_framework_audit.zh.ipynb)里也画了它）："),
     "scenarios": "## 场景",
     "scenario_line": "- `{key}`：{title}；k = {k}，每个微批次预测的 token 数：{tokens}",
     "gradient": "## 更新与大批次更新的比较",
@@ -39,7 +40,8 @@ WORDS = {
     "program line": "复现程序：{links}（"
                     "`python -m gradaccum_course.audits.conformance.repro.名称`，"
                     "偏差消失或改变时以非零状态退出）",
-    "not yet": "尚未纳入本表：TRL 的各个 trainer、MoE 路由器的辅助损失。",
+    "not yet": "尚未纳入本表：TRL 的其他 trainer（DPO、KTO、RLOO、奖励模型）、MoE 路由器的辅助"
+               "损失；GRPO 系列那一行在表中但未运行（原因见上）。",
 }
 
 #: English sentence -> its Chinese
@@ -114,7 +116,44 @@ TRANSLATED = {
         "不同：DDP 下 Lightning 会打乱训练样本（DistributedSampler，seed 0），即使传入的 "
         "DataLoader 不打乱；0 号进程记录的 train_loss 是它自己 2 个微批次均值的均值"
         "（self.log 的 sync_dist 默认关闭）",
+    # TRL
+    "merged: causal-LM losses never predict position 0, so the Trainer counts labels[..., 1:] "
+    "for num_items_in_batch, but only for models whose loss_type maps to ForCausalLMLoss":
+        "已合并：因果语言模型的损失从不预测位置 0，所以 `Trainer` 计算 num_items_in_batch 时只数 "
+        "labels[..., 1:]，但仅限 loss_type 对应 ForCausalLMLoss 的模型",
+    "Measured: GPT2LMHeadModel's loss_type is None and SFTTrainer's collator labels position 0 "
+    "(labels = input_ids), so num_items_in_batch counts the labelled positions: the update and "
+    "the logged loss are the predicted tokens over them (56/64 equal, 30/38 uneven, 28/32 "
+    "partial, 30/38 on 2 ranks); with model.loss_type = \"ForCausalLM\" the update matches":
+        "实测：GPT2LMHeadModel 的 loss_type 为 None，而 SFTTrainer 的整理函数（collator）给位置 0 "
+        "也打了标签（labels = input_ids），所以 num_items_in_batch 数的是有标签的位置：更新和记录"
+        "的损失都是被预测的 token 数与它之比（微批次相同时 56/64，不均时 30/38，不满的窗口 "
+        "28/32，2 个进程时 30/38）；设 model.loss_type = \"ForCausalLM\" 后更新一致",
+    "Measured: clipping at 1.0 rescales the 56/64 update to the large batch's (same direction, "
+    "norm above 1), so the update matches; the logged loss is still 56/64 of the true mean":
+        "实测：阈值 1.0 的梯度裁剪把 56/64 的更新缩放回大批次的更新（方向相同，范数大于 1），"
+        "所以更新一致；记录的损失仍是真实均值的 56/64",
+    "asks why the dapo loss is not divided by the accumulation steps; the maintainer: "
+    "num_items_in_batch counts the whole accumulated batch":
+        "提问者问 dapo 的损失为何不除以累积步数；维护者答：num_items_in_batch 数的是整个累积"
+        "后的批次",
+    "merged: dapo, cispo and vespo were scaled by gradient_accumulation_steps / "
+    "steps_per_generation; the pinned source has the rescaling (read, not measured here)":
+        "已合并：dapo、cispo 和 vespo 曾被多乘了 gradient_accumulation_steps / "
+        "steps_per_generation；固定版本的源码已有这一修正（读过源码，本表未测量）",
     # reasons
+    "does not apply: SFTTrainer computes the token loss itself (its fused LM head, not the "
+    "model's forward) and its collator always labels position 0 (labels = input_ids)":
+        "不适用：SFTTrainer 自己计算 token 损失（用它融合的 LM 头，而不是模型的 `forward`），"
+        "且它的整理函数总给位置 0 打标签（labels = input_ids）",
+    "TRL 1.16.0 aggregates the GRPO-family losses (grpo, bnpo, dr_grpo, dapo, cispo, vespo) in "
+    "the private GRPOTrainer._compute_loss, on the batch that generation and reward scoring "
+    "build; the public compute_loss takes that undocumented batch and training_step generates "
+    "first, so no public or documented entry point runs the aggregation without generation":
+        "TRL 1.16.0 在私有的 GRPOTrainer._compute_loss 里汇总 GRPO 系列损失（grpo、bnpo、"
+        "dr_grpo、dapo、cispo、vespo），输入是生成和奖励打分构造的批次；公开的 compute_loss "
+        "接收的正是这个没有文档的批次，training_step 又会先生成，所以没有任何公开或有文档的"
+        "入口能在不生成的情况下运行这段汇总",
     "Accelerate logs no loss: the loop's user logs what they compute":
         "Accelerate 自己不记录损失：记录什么由写循环的人决定",
 }
