@@ -524,6 +524,10 @@ def build(out: Path, notebooks: Path = ROOT / "notebooks", readme: Path = ROOT /
     titles = {page.page: page.title for page in pages + twin_pages} | {
         document.page: document.title for document in markdown_pages + zh_documents} | {
         "index.html": "the index"}
+    for repo_path in sorted(links.images):  # the images the pages show, as they are
+        target = out / site_pages.IMAGES / repo_path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(repo / repo_path, target)
     for repo_path, linked_from in links.sources.items():
         try:
             text = (repo / repo_path).read_text(encoding="utf-8")

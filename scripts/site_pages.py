@@ -22,6 +22,9 @@ SELF_REFERENCE = re.compile(r"\s*\((?:see\s+)?(?:the\s+)?(?:table|section|list)\
                             r"(?:below|above)\)", re.IGNORECASE)
 SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
 A_HREF = re.compile(r'(<a\s[^>]*?\bhref=")([^"]*)(")')
+IMG_SRC = re.compile(r'(<img\s[^>]*?\bsrc=")([^"]*)(")')
+#: an image of the repository that a page shows is copied here, under its repository path
+IMAGES = "images"
 A_ELEMENT = re.compile(r'<a\s[^>]*?\bhref="([^"]*)"[^>]*>(.*?)</a>', re.DOTALL)
 HEADING = re.compile(r'<h([1-6]) id="([^"]*)">(.*?)</h\1>', re.DOTALL)
 ANCHOR_LINK = re.compile(r'<a class="anchor-link"[^>]*>.*?</a>', re.DOTALL)
@@ -200,7 +203,8 @@ class Links:
     ``pages`` maps a repository path (``notebooks/01_the_math.ipynb``, ``docs/running.md``) to
     its page in the site (``01_the_math.html``, ``docs/running.html``). Any other file of the
     repository that a page links gets a page of its own holding a copy of its text
-    (``source/<path>.html``), listed in ``sources``; a link to what is not a file of the
+    (``source/<path>.html``), listed in ``sources``; an image a page shows (``<img src>``) is
+    copied to ``images/<path>``, listed in ``images``; a link to what is not a file of the
     repository is refused (ValueError). A link to a path of ``pending`` (a notebook the README
     lists that is not written yet) becomes its text, unlinked.
     """
@@ -212,6 +216,7 @@ class Links:
         self.pending = set(pending)
         self.unlinked: dict[str, list[str]] = {}  # pending path -> the pages that named it
         self.sources: dict[str, list[str]] = {}  # repository path -> the pages that link it
+        self.images: set[str] = set()  # repository paths of the images the pages show
 
     def target(self, repo_path: str, linked_from: str) -> str:
         if repo_path in self.pages:
@@ -259,9 +264,21 @@ class Links:
             new = quote(relative) + fragment
             return match.group(1) + html.escape(new) + match.group(3)
 
+        def image(match: re.Match) -> str:
+            found = self.repo_path(html.unescape(match.group(2)), repo_folder, site_page)
+            if found is None:  # a data: URL, or an image elsewhere
+                return match.group(0)
+            if not (self.repo / found[0]).is_file():
+                raise ValueError(f"{site_page} shows {found[0]}, which is not a file of "
+                                 f"{self.repo}")
+            self.images.add(found[0])
+            relative = posixpath.relpath(f"{IMAGES}/{found[0]}",
+                                         posixpath.dirname(site_page) or ".")
+            return match.group(1) + html.escape(quote(relative)) + match.group(3)
+
         if self.pending:
             body = A_ELEMENT.sub(unlink, body)
-        return A_HREF.sub(one, body)
+        return IMG_SRC.sub(image, A_HREF.sub(one, body))
 
 
 def source_page(repo_path: str, text: str, linked_from: list[tuple[str, str]]) -> str:

@@ -494,3 +494,19 @@ def test_markdown_pages_in_a_small_series(tmp_path, capsys):
     with pytest.raises(ValueError, match="docs/two.html links docs/gone.md, which is not a"):
         build_site.build(out, notebooks=tmp_path / "notebooks", readme=tmp_path / "README.md",
                          widgets="cdn", mathjax="cdn", repo=tmp_path)
+
+
+def test_an_image_a_page_shows_is_copied_into_the_site(site):
+    """docs/conformance.md and its Chinese page embed the heat-map: the site holds a copy, and
+    each page's <img> reaches it."""
+    from urllib.parse import unquote
+
+    out, _, _ = site
+    for page in (out / "docs" / "conformance.html", out / "zh" / "docs" / "conformance.html"):
+        sources = re.findall(r'<img\s[^>]*?\bsrc="([^"]+)"', page.read_text())
+        assert sources, f"{page.name}: no image"
+        for source in sources:
+            image = (page.parent / unquote(html.unescape(source))).resolve()
+            assert image.is_file() and image.is_relative_to(out.resolve()), (page, source)
+            assert image.read_bytes() == (ROOT / "docs" / "conformance" / "conformance.png"
+                                          ).read_bytes()
