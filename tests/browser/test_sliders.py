@@ -437,22 +437,30 @@ FAST_MOVES = [("accumulation steps k", 5), ("micro-batch size", 1), ("accumulati
 SETTLED_S = 3  # after the answer to the last move, nothing may change for this long
 
 
-def test_02s_first_slider_runs_alone_and_fast_moves_end_on_the_last_values(browser, lab):
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
+def _open_a_fresh_copy(browser, lab, notebook: str, folder: str):  # noqa: ANN001, ANN202
+    """Copy ``notebook`` into ``folder`` of the lab (a new session, so a new kernel: another test
+    may have run the original's) and open it in a workspace of its own. Returns the page, the
+    copy's path in the lab and its number of code cells; the page has the widget timeouts."""
     url, token, workdir = lab
-    # a copy of its own: a new session, so a new kernel (another test may have run 02's)
-    (workdir / "first-slider").mkdir(exist_ok=True)
-    shutil.copy(workdir / FIRST_SLIDER_NOTEBOOK, workdir / "first-slider")
-    notebook = f"first-slider/{FIRST_SLIDER_NOTEBOOK}"
-    code_cells = _code_cells(workdir / notebook)
+    (workdir / folder).mkdir(exist_ok=True)
+    shutil.copy(workdir / notebook, workdir / folder)
+    copy = f"{folder}/{notebook}"
+    code_cells = _code_cells(workdir / copy)
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.set_default_timeout(WIDGET_S * 1000)
     page.set_default_navigation_timeout(PAGE_LOAD_S * 1000)
+    return page, copy, code_cells, f"{url}/lab/workspaces/{folder}/tree/{copy}?reset&token={token}"
+
+
+def test_02s_first_slider_runs_alone_and_fast_moves_end_on_the_last_values(browser, lab):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    page, notebook, code_cells, address = _open_a_fresh_copy(browser, lab, FIRST_SLIDER_NOTEBOOK,
+                                                             "first-slider")
     times: dict[str, float] = {}
     try:
         opened = time.monotonic()
-        page.goto(f"{url}/lab/workspaces/first-slider/tree/{notebook}?reset&token={token}")
+        page.goto(address)
         _wait(page, code_cells, PAGE_LOAD_S, "the notebook did not finish loading",
               lambda s: len(s["prompts"]) == code_cells and s["active"])
         _kernel_ready(page, code_cells)
@@ -546,14 +554,7 @@ def test_03s_denominator_lab_draws_stored_then_answers_what_its_controls_say(bro
     the report's text and the figure's marker name the same ranks and k."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    url, token, workdir = lab
-    (workdir / "lab").mkdir(exist_ok=True)
-    shutil.copy(workdir / LAB_NOTEBOOK, workdir / "lab")
-    notebook = f"lab/{LAB_NOTEBOOK}"
-    code_cells = _code_cells(workdir / notebook)
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.set_default_timeout(WIDGET_S * 1000)
-    page.set_default_navigation_timeout(PAGE_LOAD_S * 1000)
+    page, notebook, code_cells, address = _open_a_fresh_copy(browser, lab, LAB_NOTEBOOK, "lab")
 
     def answer(report, image, text: str, marker: str, what: str) -> None:  # noqa: ANN001
         try:
@@ -569,7 +570,7 @@ def test_03s_denominator_lab_draws_stored_then_answers_what_its_controls_say(bro
                                  f"expected {text!r} and {marker!r}") from error
 
     try:
-        page.goto(f"{url}/lab/workspaces/lab/tree/{notebook}?reset&token={token}")
+        page.goto(address)
         _wait(page, code_cells, PAGE_LOAD_S, "the notebook did not finish loading",
               lambda s: len(s["prompts"]) == code_cells and s["active"])
         stored = page.locator(".widget-html", has_text="2 rank(s), k = 4").first
