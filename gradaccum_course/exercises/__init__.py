@@ -193,12 +193,15 @@ class Numeric:
 def one_process_group() -> Iterator[None]:
     """A gloo process group of one process (05.1's DDP, 08.1's pipeline), destroyed after."""
     with tempfile.TemporaryDirectory() as folder:
-        dist.init_process_group("gloo", store=dist.FileStore(os.path.join(folder, "store"), 1),
-                                rank=0, world_size=1)
+        store = dist.FileStore(os.path.join(folder, "store"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
         try:
             yield
         finally:
             dist.destroy_process_group()
+            # the store's destructor removes its file: run it now, before the folder is removed
+            # (a CI worker once aborted inside that removal, with the store still alive)
+            del store
 
 
 for _notebook in ("ex00", "ex01", "ex02", "ex03", "ex04", "ex04b", "ex05", "ex06", "ex07",
