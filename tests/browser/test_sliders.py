@@ -283,6 +283,12 @@ def _run_all_cells(page, code_cells: int) -> list[int]:  # noqa: ANN001
     return counts
 
 
+def _workspace(notebook: str) -> str:
+    """A JupyterLab workspace name for ``notebook``: its stem without dots (a twin's stem,
+    02_single_device.zh, in a workspace's URL is answered "Path Not Found")."""
+    return Path(notebook).stem.replace(".", "-")
+
+
 def _stored_widget_label(path: Path, description: str) -> str:
     """The Label text stored next to the slider `description` in the notebook's widget state."""
     state = json.loads(path.read_text())["metadata"]["widgets"][
@@ -309,7 +315,7 @@ def test_stored_slider_renders_on_open_before_any_cell_runs(browser, lab, notebo
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.set_default_navigation_timeout(PAGE_LOAD_S * 1000)
     try:
-        page.goto(f"{url}/lab/workspaces/open-{Path(notebook).stem}/tree/{notebook}"
+        page.goto(f"{url}/lab/workspaces/open-{_workspace(notebook)}/tree/{notebook}"
                   f"?reset&token={token}")
         code_cells = _code_cells(workdir / notebook)
         _wait(page, code_cells, PAGE_LOAD_S, "the notebook did not finish loading",
@@ -352,7 +358,7 @@ def test_moving_a_slider_changes_the_widget(browser, lab, notebook, description,
     page.set_default_navigation_timeout(PAGE_LOAD_S * 1000)
     try:
         # a workspace of its own: only this notebook open, nothing restored
-        page.goto(f"{url}/lab/workspaces/{Path(notebook).stem}/tree/{notebook}"
+        page.goto(f"{url}/lab/workspaces/{_workspace(notebook)}/tree/{notebook}"
                   f"?reset&token={token}")
         _run_all_cells(page, code_cells)
         failures = [text for text in page.locator(
