@@ -495,3 +495,49 @@ def test_an_epoch_whose_validation_record_is_lost_for_good_is_named_in_the_summa
     log = json.loads((tmp_path / "log.json").read_text())
     assert [epoch["epoch"] for epoch in log["epochs"]] == [1, 2]
     assert log["epochs_without_validation"] == [0]
+
+
+class _FirstMicroBatch(Exception):
+    """Raised by the profiler of the path test when the loop calls the loss function."""
+
+
+def test_the_recipes_own_path_to_the_first_micro_batch_is_short(tmp_path, capsys):
+    """Issue 48: from the command line to the first micro-batch's loss, the recipe runs at most
+    25 of its own functions in at most 5 of its files (comprehensions not counted). The
+    library's functions are counted apart: the entry points the recipe calls (what a reader of
+    the recipe meets) and everything under them (their argument checks), reported, not held."""
+    root = str(Path(__file__).resolve().parents[1]) + os.sep
+    own, entry_points, library = {}, {}, {}
+
+    def profile(frame, event, arg):  # noqa: ANN001, ARG001
+        file = frame.f_code.co_filename  # strings only: this runs at every Python call
+        if event != "call" or not file.startswith(root) or ".venv" in file:
+            return
+        name = (file[len(root):], frame.f_code.co_qualname)
+        if name[1].split(".")[-1].startswith("<"):  # a comprehension
+            return
+        if name[0].startswith("recipes"):
+            own[name] = True
+        elif name[0].startswith("gradaccum_lib"):
+            library[name] = True
+            if frame.f_back is not None and frame.f_back.f_code.co_filename.startswith(
+                    root + "recipes"):
+                entry_points[name] = True
+        if frame.f_back is not None and frame.f_back.f_code.co_name == "accumulate_window" \
+                and name[1] == "bert_classification_loss":
+            raise _FirstMicroBatch
+
+    sys.setprofile(profile)
+    try:
+        with pytest.raises(_FirstMicroBatch):
+            train_main(["--train-samples", "32", "--validation-samples", "8", "--max-length",
+                        "32", "--micro-batch-size", "4", "--accumulation-steps", "2",
+                        "--epochs", "1", "--no-progress", "--checkpoint-dir", str(tmp_path)])
+    finally:
+        sys.setprofile(None)
+    capsys.readouterr()
+    files = {file for file, _ in own}
+    print(f"recipe: {len(own)} functions in {len(files)} files; library entry points it calls: "
+          f"{len(entry_points)}; library functions in all: {len(library)}")
+    assert 10 <= len(own) <= 25 and len(files) <= 5, sorted(own)
+    assert (os.path.join("gradaccum_lib", "accumulation.py"), "accumulate_window") in entry_points
