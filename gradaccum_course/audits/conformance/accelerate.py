@@ -14,7 +14,7 @@ from torch import nn
 from gradaccum_lib.equivalence import OptimizerFactory, audit_update
 
 from ..frameworks import WindowDataset, accelerate_step, model_mean_loss
-from .scenarios import Scenario, make_optimizer, token_loss
+from .scenarios import Scenario, make_optimizer
 
 __all__ = ["NAME", "PACKAGE", "run"]
 
@@ -52,7 +52,7 @@ def run(scenario: Scenario) -> dict[str, float | None | str]:
     k = scenario.accumulation_steps
     step = (_clipping_step(k, scenario.max_grad_norm) if scenario.max_grad_norm
             else accelerate_step(k))
-    audit = audit_update(step, scenario.model(), token_loss, scenario.micro_batches(),
+    audit = audit_update(step, scenario.model(), scenario.loss_fn, scenario.micro_batches(),
                          make_optimizer, max_grad_norm=scenario.max_grad_norm or None)
     return {"gradient_relative_error": audit.relative_difference,
             "norm_ratio": audit.norm_ratio, "logged_loss": None, "true_loss": None,

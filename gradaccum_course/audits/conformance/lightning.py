@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from gradaccum_lib.equivalence import OptimizerFactory, audit_update
 
 from ..frameworks import WindowDataset, model_mean_loss
-from .scenarios import Scenario, make_optimizer, token_loss, window_mean_loss
+from .scenarios import Scenario, make_optimizer, window_mean_loss
 
 __all__ = ["NAME", "PACKAGE", "fit_step", "run"]
 
@@ -79,8 +79,9 @@ def run(scenario: Scenario) -> dict[str, float | None | str]:
     batch's, and the epoch's logged loss next to the window's true mean."""
     model, parts, logged = scenario.model(), scenario.micro_batches(), {}
     step = fit_step(scenario.accumulation_steps, scenario.max_grad_norm, logged)
-    audit = audit_update(step, model, token_loss, parts, make_optimizer,
+    audit = audit_update(step, model, scenario.loss_fn, parts, make_optimizer,
                          max_grad_norm=scenario.max_grad_norm or None)
     return {"gradient_relative_error": audit.relative_difference,
             "norm_ratio": audit.norm_ratio, "logged_loss": logged["train_loss"],
-            "true_loss": window_mean_loss(model, parts), "version": version(PACKAGE)}
+            "true_loss": window_mean_loss(model, parts, scenario.loss_fn),
+            "version": version(PACKAGE)}

@@ -70,10 +70,17 @@ class Scenario:
     model_forward: str = "takes num_items_in_batch"  # a key of _MODELS
     label_first_token: bool = False  # labels = input_ids (else position 0 is labelled -100)
     ranks: int = 1  # 2: the window is spread over 2 gloo ranks (torchrun)
+    #: > 0: the model is a tiny Qwen3-MoE whose loss adds this times its router's
+    #: load-balancing loss (:mod:`.moe`), and the truth's loss does too
+    router_aux_coefficient: float = 0.0
     not_run: str = ""  # why the scenario is not run yet (empty: it runs)
 
     def model(self) -> nn.Module:
         """Return the scenario's model (float64, no dropout), the same weights every call."""
+        if self.router_aux_coefficient:
+            from .moe import make_tiny_moe
+
+            return make_tiny_moe(VOCABULARY, SEQUENCE_LENGTH, self.router_aux_coefficient)
         language_model = make_tiny_causal_lm(VOCABULARY, hidden_size=8, max_length=SEQUENCE_LENGTH,
                                              dtype=torch.float64, seed=0)
         with torch.no_grad():
@@ -97,6 +104,16 @@ class Scenario:
         return [{key: value[start:start + MICRO_BATCH_SIZE] for key, value in batch.items()}
                 for start in range(0, len(self.lengths), MICRO_BATCH_SIZE)]
 
+    @property
+    def loss_fn(self):  # noqa: ANN201
+        """The ground truth's loss: :func:`token_loss`, or for the MoE scenario
+        :func:`.moe.moe_loss` (the window's load-balancing loss added)."""
+        if self.router_aux_coefficient:
+            from .moe import moe_loss
+
+            return moe_loss
+        return token_loss
+
     def predicted_tokens(self) -> list[int]:
         """Return the tokens each micro-batch's loss covers (labels shifted by one)."""
         return [int((mb["labels"][:, 1:] != -100).sum()) for mb in self.micro_batches()]
@@ -117,6 +134,8 @@ SCENARIOS: tuple[Scenario, ...] = (
              label_first_token=True),
     Scenario("two_ranks", "uneven tokens across 2 gloo ranks (k = 2 micro-batches per rank)",
              lengths=UNEVEN_LENGTHS, accumulation_steps=2, ranks=2),
+    Scenario("moe_aux", "equal micro-batches, a Qwen3-MoE whose loss adds its router's "
+             "load-balancing loss (coefficient 0.001)", router_aux_coefficient=0.001),
 )
 
 
@@ -127,10 +146,12 @@ def token_loss(model: nn.Module, batch: Mapping[str, Tensor]) -> tuple[Tensor, T
     return cross_entropy_sum(logits[:, :-1], batch["labels"][:, 1:])
 
 
-def window_mean_loss(model: nn.Module, micro_batches: list[Mapping[str, Tensor]]) -> float:
-    """Return the window's true mean token loss at the model's parameters."""
+def window_mean_loss(model: nn.Module, micro_batches: list[Mapping[str, Tensor]],
+                     loss_fn=token_loss) -> float:  # noqa: ANN001
+    """Return the window's true mean token loss at the model's parameters (with ``loss_fn``
+    :func:`.moe.moe_loss`, plus the coefficient times the window's load-balancing loss)."""
     with torch.no_grad():
-        summed, count = token_loss(model, concatenate_micro_batches(micro_batches))
+        summed, count = loss_fn(model, concatenate_micro_batches(micro_batches))
     return float(summed) / float(count)
 
 

@@ -21,7 +21,16 @@ from pathlib import Path
 
 from . import accelerate, lightning, trainer, trl, two_ranks
 from .scenarios import SCENARIOS, Scenario
-from .verdicts import EXPECTED, GRADIENT_ONLY, LOGGED_PROGRAMS, NOTES, PROGRAMS, THREADS, TOLERANCE
+from .verdicts import (
+    CHECKED,
+    EXPECTED,
+    GRADIENT_ONLY,
+    LOGGED_PROGRAMS,
+    NOTES,
+    PROGRAMS,
+    THREADS,
+    TOLERANCE,
+)
 
 __all__ = ["FIGURE", "FRAMEWORKS", "check", "committed_table", "deviation_lines", "main",
            "measure_cell", "page_text", "run_table", "write_figure", "write_json", "write_page"]
@@ -63,6 +72,10 @@ def measure_cell(framework: str, scenario: Scenario) -> dict:
     measured = two_ranks.run(framework, scenario) if scenario.ranks > 1 else runner.run(scenario)
     logged, true = measured["logged_loss"], measured["true_loss"]
     logged_error = None if logged is None else abs(logged - true) / true
+    if scenario.router_aux_coefficient:  # the update's two parts (moe.decompose)
+        from .moe import decompose
+
+        cell |= {key: _rounded(value, 4) for key, value in decompose(framework, scenario).items()}
     return {**cell, "status": "ran", "version": measured["version"],
             "gradient_relative_error": _rounded(measured["gradient_relative_error"]),
             "norm_ratio": _rounded(measured["norm_ratio"], 6),
@@ -93,9 +106,11 @@ def run_table(frameworks: Sequence[str] = tuple(FRAMEWORKS),
                            "accumulation_steps": s.accumulation_steps,
                            "predicted_tokens": s.predicted_tokens(),
                            "max_grad_norm": s.max_grad_norm, "model_forward": s.model_forward,
-                           "ranks": s.ranks}
+                           "ranks": s.ranks, "router_aux_coefficient": s.router_aux_coefficient}
                           for s in scenarios],
-            "cells": cells}
+            "cells": cells,
+            "threads_checked": [dict(zip(("label", "url", "says"), t, strict=True))
+                                for t in CHECKED]}
 
 
 def check(table: dict) -> list[str]:
@@ -201,7 +216,8 @@ _ENGLISH = {
     "title": "# The conformance table",
     "intro": (
         "Each framework's gradient-accumulation path, run as its documentation shows on a tiny "
-        "GPT-2 (float64, SGD, one optimizer step), is held against the large batch's update "
+        "GPT-2 (float64, SGD, one optimizer step; a tiny Qwen3-MoE in the `moe_aux` column), is "
+        "held against the large batch's update "
         "computed by the library's ground truth (`full_batch_gradients`): a cell is the "
         "update's relative error, and beside it the loss the framework logs against the "
         "window's true mean token loss. ✅ is a match (relative error ≤ {tolerance}), ❌ a "
@@ -232,8 +248,22 @@ _ENGLISH = {
     "program line": "reproduced by {links} (`python -m "
                     "gradaccum_course.audits.conformance.repro.NAME`, which exits non-zero once "
                     "the deviation is gone or has changed)",
-    "not yet": "Not in the table yet: TRL's other trainers (DPO, KTO, RLOO, reward), an MoE "
-               "router's auxiliary loss; the GRPO-family row is there but not run (why: above).",
+    "threads checked": "## Threads read that are not a cell",
+    "threads intro": "Each was read; its state is at the pinned versions, and the reason it is "
+                     "not a cell is the path it needs, which the table does not run.",
+    "not yet": (
+        "Not in the table yet: TRL's other trainers (DPO, KTO, RLOO, reward); the GRPO-family "
+        "row is there but not run (why: above). Other frameworks, tried on this machine without "
+        "a GPU and outside the project's environment: **DeepSpeed 0.19.8 ran** (its CPU "
+        "accelerator, gloo, built without its compiled ops; `scripts/try_deepspeed_cpu.py`, "
+        "`benchmarks/deepspeed_cpu.txt`): a full float32 window matches (2.5e-07), a partial "
+        "last window makes no optimizer step (its gradient is carried into the next window), "
+        "and it refuses float64 gradients, so it is not a column of this float64 table. "
+        "**torchtune 0.6.1 did not run**: it fails to import, asking torchao for "
+        "`torchao.dtypes.nf4tensor`, which torchao 0.18.0, the newest, no longer has. "
+        "**torchtitan 0.3.0 did not run**: its trainer imports triton, and with no accelerator "
+        "it falls back to the CUDA device; its source divides each micro-batch's summed loss "
+        "by the window's global token count (read, not measured)."),
 }
 
 
@@ -321,6 +351,9 @@ def page_text(table: dict, path: Path, figure_name: str | None = None, lang: str
     colon, stop = ("：", "。") if lang == "zh" else (": ", ".")
     lines += [f"- {key.split('|', 1)[0]} × {', '.join(where)}{colon}{key.split('|', 1)[1]}{stop}"
               for key, where in grouped.items()]
+    lines += ["", words["threads checked"], "", words["threads intro"], ""]
+    lines += [f"- [{t['label']}]({t['url']}){colon}{tr(t['says'])}{stop}"
+              for t in table.get("threads_checked", [])]
     lines += ["", words["not yet"]]
     return "\n".join(lines) + "\n"
 

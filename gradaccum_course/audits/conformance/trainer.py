@@ -14,7 +14,7 @@ from importlib.metadata import version
 from gradaccum_lib.equivalence import audit_update
 
 from ..hf_trainer import build_trainer, hf_trainer_clipped_run, hf_trainer_step
-from .scenarios import Scenario, make_optimizer, token_loss
+from .scenarios import Scenario, make_optimizer
 
 __all__ = ["NAME", "PACKAGE", "logging_step", "run"]
 
@@ -28,9 +28,11 @@ def run(scenario: Scenario) -> dict[str, float | None | str]:
     clip = scenario.max_grad_norm or None
     step = hf_trainer_step(scenario.accumulation_steps, max_grad_norm=scenario.max_grad_norm,
                            shuffle=False)
-    audit = audit_update(step, model, token_loss, parts, make_optimizer, max_grad_norm=clip)
+    audit = audit_update(step, model, scenario.loss_fn, parts, make_optimizer,
+                         max_grad_norm=clip)
     (logged,) = hf_trainer_clipped_run(model, parts, make_optimizer, scenario.accumulation_steps,
-                                       max_grad_norm=scenario.max_grad_norm, loss_fn=token_loss)
+                                       max_grad_norm=scenario.max_grad_norm,
+                                       loss_fn=scenario.loss_fn)
     return {"gradient_relative_error": audit.relative_difference,
             "norm_ratio": audit.norm_ratio, "logged_loss": logged.logged_loss,
             "true_loss": logged.true_loss, "version": version(PACKAGE)}

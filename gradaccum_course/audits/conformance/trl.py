@@ -25,7 +25,6 @@ from .scenarios import (
     VOCABULARY,
     Scenario,
     make_optimizer,
-    token_loss,
     window_mean_loss,
 )
 
@@ -104,8 +103,9 @@ def run(scenario: Scenario) -> dict[str, float | None | str]:
     model, parts = scenario.model(), scenario.micro_batches()
     logged: dict[str, float] = {}
     audit = audit_update(sft_step(scenario.accumulation_steps, scenario.max_grad_norm, logged),
-                         model, token_loss, parts, make_optimizer,
+                         model, scenario.loss_fn, parts, make_optimizer,
                          max_grad_norm=scenario.max_grad_norm or None)
     return {"gradient_relative_error": audit.relative_difference,
             "norm_ratio": audit.norm_ratio, "logged_loss": logged["train_loss"],
-            "true_loss": window_mean_loss(scenario.model(), parts), "version": version(PACKAGE)}
+            "true_loss": window_mean_loss(scenario.model(), parts, scenario.loss_fn),
+            "version": version(PACKAGE)}

@@ -5,8 +5,8 @@ no thread was found for says "unexplained"). A version bump that changes a verdi
 
 from __future__ import annotations
 
-__all__ = ["EXPECTED", "GRADIENT_ONLY", "LOGGED_PROGRAMS", "NOTES", "PROGRAMS", "THREADS",
-           "TOLERANCE", "Thread"]
+__all__ = ["CHECKED", "EXPECTED", "GRADIENT_ONLY", "LOGGED_PROGRAMS", "NOTES", "PROGRAMS",
+           "THREADS", "TOLERANCE", "Thread"]
 
 #: a relative error at or below this is a match (the transformers causal-LM loss computes in
 #: float32 even for a float64 model: its exact cells sit near 1e-7)
@@ -49,6 +49,10 @@ EXPECTED: dict[tuple[str, str], tuple[str, str]] = {
     ("trl", "partial"): ("deviate", "deviate"),
     ("trl", "clip"): ("match", "deviate"),
     ("trl", "two_ranks"): ("deviate", "deviate"),
+    ("trainer", "moe_aux"): ("deviate", "deviate"),
+    ("accelerate", "moe_aux"): ("deviate", "not run"),
+    ("lightning", "moe_aux"): ("deviate", "match"),
+    ("trl", "moe_aux"): ("deviate", "match"),
 }
 
 _LIGHTNING_UNEVEN: Thread = (
@@ -98,33 +102,56 @@ THREADS |= {("trl_grpo", key): (
      "merged: dapo, cispo and vespo were scaled by gradient_accumulation_steps / "
      "steps_per_generation; the pinned source has the rescaling (read, not measured here)"))
     for key in ("equal", "uneven", "partial", "clip", "no_kwargs", "drops_kwargs",
-                "position_0", "two_ranks")}
+                "position_0", "two_ranks", "moe_aux")}
+
+_ACCELERATE = "https://github.com/huggingface/accelerate"
+_ACCELERATE_GUIDE: Thread = (
+    "accelerate PR #3193", f"{_ACCELERATE}/pull/3193",
+    "merged (documentation): the gradient-accumulation guide shows the loop summing the token "
+    "loss and dividing by the window's token count, gathered over the processes, because "
+    "accumulate() divides each micro-batch's loss by k")
+THREADS |= {("accelerate", key): (_ACCELERATE_GUIDE,)
+            for key in ("uneven", "no_kwargs", "drops_kwargs", "two_ranks")}
+THREADS[("lightning", "two_ranks")] = (_LIGHTNING_UNEVEN,)
+THREADS[("trainer", "position_0")] = (_TRL_COUNT,)
+
+#: the paper behind the MoE cells that take each micro-batch's load-balancing loss
+_GLOBAL_BATCH_BALANCING: Thread = (
+    "Qiu et al. 2025, arXiv 2501.11873", "https://arxiv.org/abs/2501.11873",
+    "paper (ACL 2025): MoE training frameworks compute the load-balancing loss within each "
+    "micro-batch; the authors sync the experts' selection frequencies across micro-batches to "
+    "compute it over the global batch, and report lower perplexity and more specialised experts")
+THREADS |= {(framework, "moe_aux"): (_GLOBAL_BATCH_BALANCING,)
+            for framework in ("accelerate", "lightning", "trl")}
 
 #: cells whose threads explain the update only: their logged loss is "unexplained"
 GRADIENT_ONLY = {("lightning", "uneven"), ("lightning", "no_kwargs"),
-                 ("lightning", "drops_kwargs")}
+                 ("lightning", "drops_kwargs"), ("lightning", "two_ranks")}
 
 #: what the measurement itself shows for cells no thread explains (the tests assert the numbers)
 NOTES: dict[tuple[str, str], str] = {
     ("trainer", "position_0"): (
-        "no thread found (unexplained upstream). Measured: the update is 56/64 of the truth's, "
-        "the 56 predicted tokens over the 64 labelled positions: GPT2LMHeadModel's loss_type "
-        "is None, so the Trainer counts position 0, which the shifted loss never predicts"),
+        "Measured: the update is 56/64 of the truth's, the 56 predicted tokens over the 64 "
+        "labelled positions: GPT2LMHeadModel's loss_type is None, so PR #46204's shifted count "
+        "does not apply and the Trainer counts position 0, which the shifted loss never "
+        "predicts"),
     ("accelerate", "uneven"): (
-        "no thread found (unexplained). Measured: the update is the mean of the micro-batch "
-        "means' (accelerator.backward divides each mean loss by k)"),
+        "Measured: the update is the mean of the micro-batch means' (accelerator.backward "
+        "divides each mean loss by k); the documented accumulate() loop passes no token count"),
     ("accelerate", "partial"): (
-        "no thread found (unexplained). Measured: the update is 2/4 of the truth's: the 2 "
-        "micro-batches of the last window are each divided by the configured k = 4"),
+        "no thread found for the scale (unexplained). Measured: the update is 2/4 of the "
+        "truth's: the 2 micro-batches of the last window are each divided by the configured "
+        "k = 4. accelerate #1847 (closed, documentation) says only that the last batch of the "
+        "DataLoader makes the optimizer step however few micro-batches the window holds"),
     ("lightning", "uneven"): (
         "the logged train_loss (on_epoch) is the micro-batch means averaged by the batch size "
         "Lightning infers (sequences), not by tokens: no thread found for the logged value"),
 }
 NOTES[("accelerate", "two_ranks")] = (
-    "no thread found (unexplained). Measured: on 2 gloo ranks, k = 2 each, the update is the "
-    "mean of the 4 micro-batch means', as in one process")
+    "Measured: on 2 gloo ranks, k = 2 each, the update is the mean of the 4 micro-batch "
+    "means', as in one process")
 NOTES[("lightning", "two_ranks")] = (
-    "no thread found (unexplained). Measured: on 2 gloo ranks, k = 2 each, the update is the "
+    "Measured: on 2 gloo ranks, k = 2 each, the update is the "
     "mean of the 4 micro-batch means' (the cause of Lightning #20350, over ranks), of other "
     "micro-batches than one process's: under DDP Lightning shuffles the training samples "
     "(DistributedSampler, seed 0) though the loader given does not; the train_loss logged on "
@@ -139,6 +166,29 @@ NOTES |= {("trl", key): (
 NOTES[("trl", "clip")] = (
     "Measured: clipping at 1.0 rescales the 56/64 update to the large batch's (same direction, "
     "norm above 1), so the update matches; the logged loss is still 56/64 of the true mean")
+NOTES[("trainer", "moe_aux")] = (
+    "no thread found in transformers (unexplained upstream). Measured: the cross-entropy part "
+    "of the update matches (num_items_in_batch), but each micro-batch's load-balancing term is "
+    "added unscaled, so the auxiliary part weighs 4.01 times the large batch's (k = 4) and the "
+    "logged loss carries it 4 times; NeMo AutoModel fixed the same mechanism in its own loop "
+    "(NVIDIA-NeMo/Automodel PR #3359); transformers #48690 (open) is its 2-rank relative, the "
+    "term multiplied by the world size")
+_MOE_MEAN = (
+    "a design choice, not a bug: the framework takes each micro-batch's load-balancing loss, "
+    "as MoE training frameworks usually do (Qiu et al. 2025, who sync the routed counts over "
+    "the global batch instead). Measured: the cross-entropy part matches and the auxiliary "
+    "part has the large batch's weight (1.00), but it is the mean of the 4 micro-batches' "
+    "load-balancing gradients, 30% off the window's: the loss is a product of two batch means, "
+    "so no per-micro-batch scale gives the window's (notebook 08 §2: the window's routed "
+    "counts do)")
+NOTES[("accelerate", "moe_aux")] = _MOE_MEAN
+NOTES[("lightning", "moe_aux")] = _MOE_MEAN + (
+    "; the logged loss matches within the tolerance only because the coefficient (0.001) "
+    "makes the load-balancing gap small")
+NOTES[("trl", "moe_aux")] = _MOE_MEAN + (
+    "; SFTTrainer divides the term by the accumulation steps, and Qwen3-MoE's loss_type is "
+    "ForCausalLM, so its count is right; the logged loss matches within the tolerance only "
+    "because the coefficient (0.001) makes the load-balancing gap small")
 NOTES[("accelerate", "no_kwargs")] = NOTES[("accelerate", "drops_kwargs")] = NOTES[
     ("accelerate", "uneven")]
 NOTES[("lightning", "no_kwargs")] = NOTES[("lightning", "drops_kwargs")] = NOTES[
@@ -155,6 +205,9 @@ PROGRAMS: dict[tuple[str, str], str] = {
     ("accelerate", "two_ranks"): "two_ranks",
     ("lightning", "partial"): "lightning_partial",
     ("lightning", "two_ranks"): "two_ranks",
+    ("trainer", "moe_aux"): "trainer_moe_aux",
+    **{(framework, "moe_aux"): "moe_mean_of_aux" for framework in ("accelerate", "lightning",
+                                                                   "trl")},
     **{("trl", key): "trl_position_0"
        for key in ("equal", "uneven", "partial", "clip", "two_ranks")},
     **{(framework, key): f"{framework}_mean_of_means" for framework in ("accelerate", "lightning")
@@ -163,4 +216,43 @@ PROGRAMS: dict[tuple[str, str], str] = {
 
 #: the programs that also reproduce the cell's logged loss (the others: its update only)
 LOGGED_PROGRAMS = {"lightning_mean_of_means", "two_ranks", "trainer_no_kwargs",
-                   "trainer_drops_kwargs", "trainer_position_0", "trl_position_0"}
+                   "trainer_drops_kwargs", "trainer_position_0", "trl_position_0",
+                   "trainer_moe_aux"}
+
+#: threads read that are not a cell of the table (a path the table does not run), each with its
+#: state at the pinned versions and why it is not a cell
+CHECKED: tuple[Thread, ...] = (
+    ("transformers #37474", f"{_TRANSFORMERS}/issues/37474",
+     "open: under nn.DataParallel (n_gpu > 1 in one process) each replica divides its summed "
+     "loss by the whole batch's count and training_step then averages the replicas, so the "
+     "loss is 1/n_gpu of the mean; the pinned 5.23.0 source still does both (read), and the "
+     "fix PRs #40610, #40747, #41530 and #42150 were closed unmerged. Not a cell: "
+     "DataParallel needs several GPUs in one process; the table's ranks are CPU processes"),
+    ("transformers PR #43919", f"{_TRANSFORMERS}/pull/43919",
+     "merged, fixes #43899 (the Trainer ignored sync_each_batch in AcceleratorConfig's "
+     "gradient_accumulation_kwargs): first released in transformers 5.2.0 (5.1.0's trainer.py "
+     "does not read it), and the pinned 5.23.0 reads it. Not a cell: it changes when DDP "
+     "all-reduces the gradients, not what is summed (not measured here)"),
+    ("accelerate #3552", "https://github.com/huggingface/accelerate/issues/3552",
+     "open: with DeepSpeed, accelerator.backward runs the engine's backward and step, and the "
+     "engine keeps its own accumulation boundary, which may disagree with Accelerate's "
+     "sync_gradients; accelerate PR #3630 (merged; first in 1.8.0, whose deepspeed.py has it "
+     "and 1.7.0's does not) sets the engine's boundary from sync_gradients, and the pinned "
+     "1.15.0 does. Not a cell: DeepSpeed is not a column (below)"),
+    ("TRL #7047", f"{_TRL}/issues/7047",
+     "closed: GRPOTrainer appends its loss-path metrics (policy_loss, entropy) once per "
+     "micro-batch and log() averages the entries, so windows of different sizes (an epoch's "
+     "short last one) weigh by their micro-batch count; its PR #7053 was closed unmerged, and "
+     "the pinned 1.16.0 still appends policy_loss once per micro-batch (read). Not a cell: it "
+     "is about GRPO's logged metrics, and the GRPO row is not run"),
+    ("torchtune PR #2980", "https://github.com/meta-pytorch/torchtune/pull/2980",
+     "open: skip the gradient scaling when accumulation is 1; a reviewer shows that the "
+     "distributed recipe scales the loss by the rank's own token count and the gradients by "
+     "the world size over the global count, which cancel only when every rank holds the same "
+     "tokens. Not a cell: torchtune does not run here (below)"),
+    ("transformers #48690", f"{_TRANSFORMERS}/issues/48690",
+     "open: with average_tokens_across_devices the Trainer multiplies Qwen3-MoE's whole loss, "
+     "its router load-balancing term included, by the world size, so that term grows with the "
+     "ranks; its fix PR #48691 is open. Not a cell: the MoE column runs one process (its "
+     "accumulation counterpart is the Trainer × moe_aux cell)"),
+)

@@ -12,7 +12,8 @@ WORDS = {
     "title": "# 一致性表",
     "intro": (
         "每个框架的梯度累积路径都按其文档的写法，在一个小 GPT-2 上跑一次优化器更新（float64，"
-        "SGD），再与本库的基准真值（`full_batch_gradients`）算出的大批次更新对比：每个单元格是"
+        "SGD；`moe_aux` 一列用一个小 Qwen3-MoE），再与本库的基准真值（`full_batch_gradients`）"
+        "算出的大批次更新对比：每个单元格是"
         "这次更新的相对误差，旁边是框架记录的损失与窗口真实平均 token 损失的对比。✅ 表示一致"
         "（相对误差 ≤ {tolerance}），❌ 表示偏差，并链接上游讨论（issue）和复现程序；找不到"
         "讨论的写作“原因不明”。"),
@@ -40,8 +41,19 @@ WORDS = {
     "program line": "复现程序：{links}（"
                     "`python -m gradaccum_course.audits.conformance.repro.名称`，"
                     "偏差消失或改变时以非零状态退出）",
-    "not yet": "尚未纳入本表：TRL 的其他 trainer（DPO、KTO、RLOO、奖励模型）、MoE 路由器的辅助"
-               "损失；GRPO 系列那一行在表中但未运行（原因见上）。",
+    "threads checked": "## 读过但不构成单元格的上游讨论",
+    "threads intro": ("每条都读过；状态以固定版本为准，不构成单元格的原因是它需要的路径本表"
+                      "没有运行。"),
+    "not yet": (
+        "尚未纳入本表：TRL 的其他 trainer（DPO、KTO、RLOO、奖励模型）；GRPO 系列那一行在表中但未"
+        "运行（原因见上）。其他框架在这台没有 GPU 的机器上、在项目环境之外试过：**DeepSpeed "
+        "0.19.8 跑起来了**（它的 CPU 加速器、gloo、不编译它的算子；"
+        "`scripts/try_deepspeed_cpu.py`、`benchmarks/deepspeed_cpu.txt`）：一个完整的 float32 "
+        "窗口一致（2.5e-07），最后一个不满的窗口不做优化器更新（它的梯度被带进下一个窗口），且它"
+        "拒绝 float64 梯度，所以不是这张 float64 表的一列。**torchtune 0.6.1 没有跑起来**：导入"
+        "失败，它向 torchao 要 `torchao.dtypes.nf4tensor`，而最新的 torchao 0.18.0 已没有这个"
+        "模块。**torchtitan 0.3.0 没有跑起来**：它的 trainer 导入 triton，没有加速器时退回 CUDA "
+        "设备；它的源码把每个微批次的求和损失除以窗口的全局 token 数（读过源码，未测量）。"),
 }
 
 #: English sentence -> its Chinese
@@ -156,4 +168,137 @@ TRANSLATED = {
         "入口能在不生成的情况下运行这段汇总",
     "Accelerate logs no loss: the loop's user logs what they compute":
         "Accelerate 自己不记录损失：记录什么由写循环的人决定",
+    # added with the MoE scenario and the threads read in December 2026
+    "equal micro-batches, a Qwen3-MoE whose loss adds its router's load-balancing loss "
+    "(coefficient 0.001)":
+        "微批次相同，一个 Qwen3-MoE 模型，其损失加上路由器的负载均衡损失（系数 0.001）",
+    "merged (documentation): the gradient-accumulation guide shows the loop summing the token "
+    "loss and dividing by the window's token count, gathered over the processes, because "
+    "accumulate() divides each micro-batch's loss by k":
+        "已合并（文档）：梯度累积指南里的循环先对 token 损失求和，再除以在各进程间汇总的窗口 "
+        "token 数，因为 accumulate() 会把每个微批次的损失除以 k",
+    "Measured: the update is 56/64 of the truth's, the 56 predicted tokens over the 64 "
+    "labelled positions: GPT2LMHeadModel's loss_type is None, so PR #46204's shifted count "
+    "does not apply and the Trainer counts position 0, which the shifted loss never predicts":
+        "实测：更新是基准真值的 56/64，即 56 个被预测的 token 比 64 个有标签的位置："
+        "GPT2LMHeadModel 的 loss_type 为 None，PR #46204 的移位计数不适用，`Trainer` 把位置 0 "
+        "也计入，而移位后的损失从不预测它",
+    "Measured: the update is the mean of the micro-batch means' (accelerator.backward divides "
+    "each mean loss by k); the documented accumulate() loop passes no token count":
+        "实测：更新是微批次均值的均值给出的更新（accelerator.backward 把每个平均损失除以 k）；"
+        "文档中的 accumulate() 循环不传 token 数",
+    "no thread found for the scale (unexplained). Measured: the update is 2/4 of the truth's: "
+    "the 2 micro-batches of the last window are each divided by the configured k = 4. "
+    "accelerate #1847 (closed, documentation) says only that the last batch of the DataLoader "
+    "makes the optimizer step however few micro-batches the window holds":
+        "没有找到关于这个缩放的上游讨论（原因不明）。实测：更新是基准真值的 2/4：最后一个窗口的 "
+        "2 个微批次各自除以配置的 k = 4。accelerate #1847（已关闭，文档类）只说 DataLoader 的"
+        "最后一个批次会触发一次优化器更新，不论窗口里有几个微批次",
+    "Measured: on 2 gloo ranks, k = 2 each, the update is the mean of the 4 micro-batch "
+    "means', as in one process":
+        "实测：在 2 个 gloo 进程上、每个 k = 2 时，更新是 4 个微批次均值的均值给出的更新，与"
+        "单进程相同",
+    "Measured: on 2 gloo ranks, k = 2 each, the update is the mean of the 4 micro-batch means' "
+    "(the cause of Lightning #20350, over ranks), of other micro-batches than one process's: "
+    "under DDP Lightning shuffles the training samples (DistributedSampler, seed 0) though the "
+    "loader given does not; the train_loss logged on rank 0 is that rank's own mean of its 2 "
+    "micro-batch means (self.log's sync_dist is off by default)":
+        "实测：在 2 个 gloo 进程上、每个 k = 2 时，更新是 4 个微批次均值的均值给出的更新（即 "
+        "Lightning #20350 的原因，跨进程），但微批次与单进程的不同：DDP 下 Lightning 会打乱训练"
+        "样本（DistributedSampler，seed 0），即使传入的 DataLoader 不打乱；0 号进程记录的 "
+        "train_loss 是它自己 2 个微批次均值的均值（self.log 的 sync_dist 默认关闭）",
+    "no thread found in transformers (unexplained upstream). Measured: the cross-entropy part "
+    "of the update matches (num_items_in_batch), but each micro-batch's load-balancing term is "
+    "added unscaled, so the auxiliary part weighs 4.01 times the large batch's (k = 4) and the "
+    "logged loss carries it 4 times; NeMo AutoModel fixed the same mechanism in its own loop "
+    "(NVIDIA-NeMo/Automodel PR #3359); transformers #48690 (open) is its 2-rank relative, the "
+    "term multiplied by the world size":
+        "在 transformers 中没有找到上游讨论（原因不明）。实测：更新的交叉熵部分一致"
+        "（num_items_in_batch），但每个微批次的负载均衡项都未经缩放地加进来，所以辅助部分的权重"
+        "是大批次的 4.01 倍（k = 4），记录的损失也把它计了 4 次；NeMo AutoModel 在它自己的循环"
+        "里修复过同一机制（NVIDIA-NeMo/Automodel PR #3359）；transformers #48690（未解决）是它在 "
+        "2 个进程上的同类问题：这一项被乘以进程数",
+    # threads read that are not a cell
+    "open: under nn.DataParallel (n_gpu > 1 in one process) each replica divides its summed "
+    "loss by the whole batch's count and training_step then averages the replicas, so the loss "
+    "is 1/n_gpu of the mean; the pinned 5.23.0 source still does both (read), and the fix PRs "
+    "#40610, #40747, #41530 and #42150 were closed unmerged. Not a cell: DataParallel needs "
+    "several GPUs in one process; the table's ranks are CPU processes":
+        "未解决：在 nn.DataParallel 下（一个进程里 n_gpu > 1），每个副本把自己的求和损失除以整个"
+        "批次的计数，training_step 再对各副本取平均，所以损失只有均值的 1/n_gpu；固定版本 5.23.0 "
+        "的源码仍然两步都做（读过源码），修复 PR #40610、#40747、#41530 和 #42150 都未合并即关闭"
+        "。不是单元格：DataParallel 需要一个进程里有多块 GPU；本表的进程都是 CPU 进程",
+    "merged, fixes #43899 (the Trainer ignored sync_each_batch in AcceleratorConfig's "
+    "gradient_accumulation_kwargs): first released in transformers 5.2.0 (5.1.0's trainer.py "
+    "does not read it), and the pinned 5.23.0 reads it. Not a cell: it changes when DDP "
+    "all-reduces the gradients, not what is summed (not measured here)":
+        "已合并，修复 #43899（`Trainer` 忽略了 AcceleratorConfig 的 gradient_accumulation_kwargs "
+        "里的 sync_each_batch）：首次发布于 transformers 5.2.0（5.1.0 的 trainer.py 不读它），"
+        "固定版本 5.23.0 读它。不是单元格：它改变的是 DDP 何时对梯度做全规约，而不是求和的内容"
+        "（本表未测量）",
+    "open: with DeepSpeed, accelerator.backward runs the engine's backward and step, and the "
+    "engine keeps its own accumulation boundary, which may disagree with Accelerate's "
+    "sync_gradients; accelerate PR #3630 (merged; first in 1.8.0, whose deepspeed.py has it and "
+    "1.7.0's does not) sets the engine's boundary from sync_gradients, and the pinned 1.15.0 "
+    "does. Not a cell: DeepSpeed is not a column (below)":
+        "未解决：使用 DeepSpeed 时，`accelerator.backward` 会调用引擎的 `backward()` 和 "
+        "`step()`，而引擎有"
+        "自己的累积边界，可能与 Accelerate 的 sync_gradients 不一致；accelerate PR #3630（已合并"
+        "；首次出现在 1.8.0，它的 deepspeed.py 有这段，1.7.0 的没有）按 sync_gradients 设置引擎"
+        "的边界，固定版本 1.15.0 也是如此。不是单元格：DeepSpeed 不是本表的一列（见下）",
+    "closed: GRPOTrainer appends its loss-path metrics (policy_loss, entropy) once per "
+    "micro-batch and log() averages the entries, so windows of different sizes (an epoch's "
+    "short last one) weigh by their micro-batch count; its PR #7053 was closed unmerged, and "
+    "the pinned 1.16.0 still appends policy_loss once per micro-batch (read). Not a cell: it is "
+    "about GRPO's logged metrics, and the GRPO row is not run":
+        "已关闭：GRPOTrainer 的损失相关指标（policy_loss、entropy）每个微批次追加一次，log() 再对"
+        "这些条目取平均，所以大小不同的窗口（一个 epoch 最后那个较短的窗口）按微批次数加权；它的 "
+        "PR #7053 未合并即关闭，固定版本 1.16.0 仍每个微批次追加一次 policy_loss（读过源码）。"
+        "不是单元格：它讲的是 GRPO 记录的指标，而 GRPO 那一行未运行",
+    "open: skip the gradient scaling when accumulation is 1; a reviewer shows that the "
+    "distributed recipe scales the loss by the rank's own token count and the gradients by the "
+    "world size over the global count, which cancel only when every rank holds the same "
+    "tokens. Not a cell: torchtune does not run here (below)":
+        "仍开放：累积步数为 1 时跳过梯度缩放；一位审阅者指出，分布式配方把损失按本进程的 token "
+        "数缩放、把梯度按进程数除以全局 token 数缩放，两者只有在每个进程的 token 数相同时才相互"
+        "抵消。不是单元格：torchtune 在这里跑不起来（见下）",
+    "open: with average_tokens_across_devices the Trainer multiplies Qwen3-MoE's whole loss, "
+    "its router load-balancing term included, by the world size, so that term grows with the "
+    "ranks; its fix PR #48691 is open. Not a cell: the MoE column runs one process (its "
+    "accumulation counterpart is the Trainer × moe_aux cell)":
+        "未解决：设置 average_tokens_across_devices 时，`Trainer` 把 Qwen3-MoE 的整个损失（包括"
+        "路由器的负载均衡项）乘以进程数，于是这一项随进程数增长；修复 PR #48691 仍开放。不是单元"
+        "格：MoE 这一列只跑一个进程（它在累积上的对应是 `Trainer` × moe_aux 单元格）",
+}
+
+_MOE_MEAN = (
+    "a design choice, not a bug: the framework takes each micro-batch's load-balancing loss, "
+    "as MoE training frameworks usually do (Qiu et al. 2025, who sync the routed counts over "
+    "the global batch instead). Measured: the cross-entropy part matches and the auxiliary "
+    "part has the large batch's weight (1.00), but it is the mean of the 4 micro-batches' "
+    "load-balancing gradients, 30% off the window's: the loss is a product of two batch means, "
+    "so no per-micro-batch scale gives the window's (notebook 08 §2: the window's routed "
+    "counts do)")
+_MOE_MEAN_ZH = (
+    "这是设计上的选择，不是缺陷：框架取每个微批次各自的负载均衡损失，"
+    "MoE 训练框架通常都这样做（Qiu 等，2025；他们改为在全局批次上同步路由计数）。"
+    "实测：交叉熵部分一致，辅助部分的权重也与大批次相同（1.00），"
+    "但它是 4 个微批次负载均衡梯度的均值，与窗口的相差 30%：这个损失是两个批均值的乘积，任何按"
+    "微批次的缩放都给不出窗口的值（笔记本 08 第 2 节：用窗口的路由计数才行）")
+TRANSLATED["paper (ACL 2025): MoE training frameworks compute the load-balancing loss within "
+           "each micro-batch; the authors sync the experts' selection frequencies across "
+           "micro-batches to compute it over the global batch, and report lower perplexity and "
+           "more specialised experts"] = (
+    "论文（ACL 2025）：MoE 训练框架通常在每个微批次内计算负载均衡损失；"
+    "作者在各微批次之间同步专家被选中的频率，在全局批次上计算它，并报告困惑度更低、专家更专门化")
+_LOGGED_SMALL = ("; the logged loss matches within the tolerance only because the coefficient "
+                 "(0.001) makes the load-balancing gap small")
+_LOGGED_SMALL_ZH = "；记录的损失在容差内一致，只是因为系数（0.001）让负载均衡的差距很小"
+TRANSLATED |= {
+    _MOE_MEAN: _MOE_MEAN_ZH,
+    _MOE_MEAN + _LOGGED_SMALL: _MOE_MEAN_ZH + _LOGGED_SMALL_ZH,
+    _MOE_MEAN + "; SFTTrainer divides the term by the accumulation steps, and Qwen3-MoE's "
+    "loss_type is ForCausalLM, so its count is right" + _LOGGED_SMALL:
+        _MOE_MEAN_ZH + "；SFTTrainer 把这一项除以累积步数，且 Qwen3-MoE 的 loss_type 是 "
+        "ForCausalLM，所以它的 token 计数正确" + _LOGGED_SMALL_ZH,
 }

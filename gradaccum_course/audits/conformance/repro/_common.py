@@ -8,7 +8,7 @@ import torch
 from gradaccum_lib.batches import concatenate_micro_batches
 from gradaccum_lib.equivalence import audit_update
 
-from ..scenarios import SCENARIOS, make_optimizer, token_loss, window_mean_loss
+from ..scenarios import SCENARIOS, make_optimizer, window_mean_loss
 from ..verdicts import TOLERANCE
 
 __all__ = ["audit", "logged_report", "model_losses", "report", "trainer_logged_loss",
@@ -25,7 +25,7 @@ def audit(step, key: str, order: list[int] | None = None):  # noqa: ANN001, ANN2
         window = concatenate_micro_batches(parts)
         parts = [{name: value[order[i:i + 2]] for name, value in window.items()}
                  for i in range(0, len(order), 2)]
-    return audit_update(step, scenario.model(), token_loss, parts, make_optimizer,
+    return audit_update(step, scenario.model(), scenario.loss_fn, parts, make_optimizer,
                         max_grad_norm=scenario.max_grad_norm or None)
 
 
@@ -74,7 +74,8 @@ def trainer_logged_loss(key: str) -> tuple[float, float]:
     (scenario,) = [s for s in SCENARIOS if s.key == key]
     logged: dict[str, float] = {}
     audit(logging_step(scenario.accumulation_steps, logged), key)
-    return logged["train_loss"], window_mean_loss(scenario.model(), scenario.micro_batches())
+    return logged["train_loss"], window_mean_loss(scenario.model(), scenario.micro_batches(),
+                                                  scenario.loss_fn)
 
 
 def logged_report(cell: str, logged: float, explained: float, true: float) -> int:

@@ -1,4 +1,5 @@
-"""No upstream thread found (unexplained). Accelerate's documented loop, ``with
+"""https://github.com/huggingface/accelerate/pull/3193 (its guide: count the window's tokens
+yourself). Accelerate's basic documented loop, ``with
 accelerator.accumulate(model): accelerator.backward(model(**batch).loss)``, divides each
 micro-batch's MEAN loss by k: with uneven tokens per micro-batch (14, 2, 9, 5; k = 4) the
 update is the mean of the micro-batch means', not the large batch's token mean. The model's

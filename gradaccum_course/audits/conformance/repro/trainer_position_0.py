@@ -1,6 +1,7 @@
-"""No upstream thread found (unexplained upstream). The 🤗 Trainer counts the window's items
-as the labels that are not -100; with ``labels = input_ids`` a GPT-2's position 0 is labelled,
-but the shifted causal-LM loss never predicts it (GPT2LMHeadModel's ``loss_type`` is None). So
+"""https://github.com/huggingface/transformers/pull/46204 counts ``labels[..., 1:]`` only for a
+causal-LM ``loss_type``; GPT2LMHeadModel's is None, so the 🤗 Trainer still counts every label
+that is not -100: with ``labels = input_ids`` a GPT-2's position 0 is labelled, but the shifted
+causal-LM loss never predicts it. So
 ``num_items_in_batch`` is 64 labelled positions for 56 predicted tokens, and the update is
 56/64 of the large batch's, and so is the loss it logs (the ``position_0`` scenario: equal
 micro-batches, k = 4).
@@ -34,7 +35,7 @@ def main() -> int:
     explained = audit(weighted_mean_losses_step([1.0] * 4, num_items_in_batch=torch.tensor(64)),
                       "position_0")
     print(f"56 / 64 = {56 / 64:.4f}")
-    status = report("🤗 Trainer × position_0 (no thread found)", measured, explained)
+    status = report("🤗 Trainer × position_0 (transformers PR #46204)", measured, explained)
     logged, true = trainer_logged_loss("position_0")
     over_64 = sum(model_losses("position_0", num_items_in_batch=torch.tensor(64)))
     return max(status, logged_report("🤗 Trainer × position_0", logged, over_64, true))

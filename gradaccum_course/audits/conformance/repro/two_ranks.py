@@ -1,4 +1,5 @@
-"""No upstream thread found (unexplained upstream). On 2 gloo ranks, k = 2 micro-batches each
+"""https://github.com/huggingface/accelerate/pull/3193 (gather the window's token count) and
+https://github.com/Lightning-AI/pytorch-lightning/issues/20350. On 2 gloo ranks, k = 2 each
 (the ``two_ranks`` scenario: the 8 uneven sequences, 14, 2, 9, 5 predicted tokens per
 micro-batch), Accelerate and Lightning divide every micro-batch's MEAN loss by k and DDP
 averages the ranks: the update is the mean of the 4 micro-batch means' (the cause of
