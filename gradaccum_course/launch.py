@@ -1,4 +1,4 @@
-"""torchrun from a notebook: :func:`launch` runs it (``!torchrun`` never fails a cell), ending
+"""torchrun from a notebook: :func:`launch` runs it (``!torchrun`` never fails a cell) and ends
 the run on a timeout or an error; torchrun's agent (this module as ``__main__``) ends it should
 launch()'s caller die. :func:`run_worker` is each worker's entry point: it dies with its agent.
 :func:`torchrun_command` gives the command line for people."""
@@ -31,9 +31,9 @@ _GRACE_SECONDS, _POLL_SECONDS, _TAIL_CHARS = 2.0, 0.2, 3000
 #: "RUN_ID:PID" of launch()'s agent, for its workers (a nested torchrun inherits it: the run id)
 _AGENT_VARIABLE = "GRADACCUM_AGENT"
 _IMPORT_PARENT = os.getppid()  # a plain torchrun worker's agent, which exports no pid
-#: the agent's parent-death signal: not SIGKILL, as only a handler can end plain workers and
-#: their children in sessions of their own; not one that torchrun handles
-_CALLER_DEATH_SIGNAL, _PR_SET_PDEATHSIG = signal.SIGUSR2, 1  # <linux/prctl.h>
+#: the agent's parent-death signal: not SIGKILL (only a handler can end plain workers' children
+#: in sessions of their own), nor one that torchrun handles
+_CALLER_DEATH_SIGNAL = signal.SIGUSR2
 #: what torchrun's agent prints when its SIGTERM/SIGINT/SIGHUP/SIGQUIT handler stopped it
 _AGENT_SIGNAL = re.compile(r"SignalException: Process \d+ got signal: (?:Signals\.)?(\w+)")
 #: what a rank prints when it fails only because ANOTHER rank died (a collective broke)
@@ -66,7 +66,6 @@ def launch(module: str, arguments: list[str], *, nproc_per_node: int = 2,
            timeout_seconds: float = 300.0) -> dict:
     """Return the JSON that rank 0 wrote, running ``torchrun --nproc_per_node=N -m MODULE
     ARGUMENTS --json PATH`` (``MODULE`` may be a ``.py`` script) with ``OMP_NUM_THREADS=1``.
-
     The run listens on loopback only; none of its processes outlives a timeout, an error, an
     interrupt, this process's death or the agent's by more than about 2 s. Raises
     :class:`LaunchTimeout`, or :class:`LaunchError` (failing ranks' stderr, or the agent's end)."""
@@ -76,52 +75,47 @@ def launch(module: str, arguments: list[str], *, nproc_per_node: int = 2,
     with tempfile.TemporaryDirectory(prefix="gradaccum-launch-",
                                      ignore_cleanup_errors=True) as name:
         folder = Path(name)
-        command, environment = _torchrun(folder, nproc_per_node, [*_program(module), *arguments])
+        run_id = folder.name  # random; the store file's variable, unique, marks the run's processes
+        environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                       "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # no TCP store for workers
+                       STORE_FILE_VARIABLE: f"{run_id}:{folder / 'process_group'}"}
+        for interface, addresses in psutil.net_if_addrs().items():  # the one of 127.0.0.1
+            if any(address.address == "127.0.0.1" for address in addresses):
+                environment.update(GLOO_SOCKET_IFNAME=interface, NCCL_SOCKET_IFNAME=interface)
+        torchrun = ["--nnodes=1", f"--nproc_per_node={nproc_per_node}", "--rdzv-backend=c10d",
+                    "--rdzv-conf=store_type=file", f"--rdzv-id={run_id}",
+                    f"--rdzv-endpoint={folder / 'rendezvous'}", "--local-addr=127.0.0.1",
+                    "--redirects=3", f"--log-dir={folder / 'logs'}",
+                    f"--shutdown-timeout={_GRACE_SECONDS:g}", *_program(module), *arguments,
+                    "--json", str(folder / "result.json")]
         with open(folder / "agent.log", "w") as log:  # the agent holds its own copy
             process = subprocess.Popen(
-                [sys.executable, "-m", "gradaccum_course.launch", str(os.getpid()), *command],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, env=environment)
+                [sys.executable, "-m", "gradaccum_course.launch", str(os.getpid()), name,
+                 run_id, *torchrun], stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True, env=environment)
         run = _Run(folder, environment[STORE_FILE_VARIABLE], process)
+        deadline = time.monotonic() + timeout_seconds
         try:
-            if not run.wait(timeout_seconds):
+            while process.poll() is None and time.monotonic() < deadline:
+                with contextlib.suppress(psutil.Error):  # record the run's processes as they start
+                    for child in run.processes[process.pid].children(recursive=True):
+                        run.processes.setdefault(child.pid, child)
+                time.sleep(max(0.0, min(_POLL_SECONDS, deadline - time.monotonic())))
+            if process.poll() is None:
                 raise run.timeout_error(module, timeout_seconds)
         finally:  # also on KeyboardInterrupt: no process of the run outlives launch()
             run.end()
         if process.returncode != 0:
-            raise _exit_error(run, module, (folder / "agent.log").read_text(errors="replace"))
+            raise run.exit_error(module)
         if not (folder / "result.json").is_file():
             raise LaunchError(f"torchrun {module} succeeded but rank 0 wrote no JSON", 0, {},
                               process_ids=tuple(run.processes))
         return json.loads((folder / "result.json").read_text())
 
 
-def _torchrun(folder: Path, nproc_per_node: int, program: list[str]) -> tuple[list[str], dict]:
-    """Return the agent's arguments (``folder``, the run id, torchrun's: a file rendezvous, logs
-    in ``folder``) and the environment: a thread per worker, loopback only, the store file."""
-    run_id = folder.name  # random; the store file's variable, unique, marks the run's processes
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                   "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # no TCP store for the workers
-                   STORE_FILE_VARIABLE: f"{run_id}:{folder / 'process_group'}"}
-    for name, addresses in psutil.net_if_addrs().items():  # the interface of 127.0.0.1
-        if any(address.address == "127.0.0.1" for address in addresses):
-            environment.update(GLOO_SOCKET_IFNAME=name, NCCL_SOCKET_IFNAME=name)
-    return [str(folder), run_id, "--nnodes=1", f"--nproc_per_node={nproc_per_node}",
-            "--rdzv-backend=c10d", "--rdzv-conf=store_type=file", f"--rdzv-id={run_id}",
-            f"--rdzv-endpoint={folder / 'rendezvous'}", "--local-addr=127.0.0.1", "--redirects=3",
-            f"--log-dir={folder / 'logs'}", f"--shutdown-timeout={_GRACE_SECONDS:g}", *program,
-            "--json", str(folder / "result.json")], environment
-
-
 def _program(module: str) -> list[str]:
     """Return torchrun's program arguments: ``-m MODULE``, or a script path ending in ``.py``."""
     return [module] if module.endswith(".py") else ["-m", module]
-
-
-def _rank_logs(folder: Path) -> dict[int, str]:
-    """Return each rank's stderr log in the run's ``folder``, by rank."""
-    return {int(path.parent.name): path.read_text(errors="replace")
-            for path in (folder / "logs").glob("**/stderr.log") if path.parent.name.isdigit()}
 
 
 def _is_alive(process: psutil.Process) -> bool:
@@ -131,10 +125,10 @@ def _is_alive(process: psutil.Process) -> bool:
     return False
 
 
-def _prctl(option: int, value: int) -> bool:
-    """Return True if Linux ``prctl(option, value)`` succeeded; False elsewhere."""
-    return (sys.platform.startswith("linux")
-            and ctypes.CDLL(None, use_errno=True).prctl(option, int(value), 0, 0, 0) == 0)
+def _die_with_parent(signum: int) -> None:
+    """Have Linux send ``signum`` to this process when its parent dies (``PR_SET_PDEATHSIG``)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, int(signum), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
 
 
 class _Run:
@@ -144,38 +138,32 @@ class _Run:
         self.folder, self.marker, self.process = folder, marker, process
         self.processes = {process.pid: psutil.Process(process.pid)} if process else {}
 
-    def wait(self, timeout_seconds: float) -> bool:
-        """Return True once the agent exited, False after ``timeout_seconds``, recording."""
-        deadline = time.monotonic() + timeout_seconds
-        while self.process.poll() is None and time.monotonic() < deadline:
-            with contextlib.suppress(psutil.Error):
-                for child in self.processes[self.process.pid].children(recursive=True):
-                    self.processes.setdefault(child.pid, child)
-            time.sleep(max(0.0, min(_POLL_SECONDS, deadline - time.monotonic())))
-        return self.process.poll() is not None
+    def rank_logs(self) -> dict[int, str]:
+        """Return each rank's stderr log, by rank."""
+        return {int(path.parent.name): path.read_text(errors="replace")
+                for path in (self.folder / "logs").glob("**/stderr.log")
+                if path.parent.name.isdigit()}
 
     def timeout_error(self, module: str, timeout_seconds: float) -> LaunchTimeout:
-        """Dump the stacks of the ranks still running (those that handle SIGUSR1: run_worker's),
-        end the run; return the error naming those ranks, with their stderr tails."""
+        """Dump the stacks of the ranks still running (those that handle SIGUSR1: run_worker's;
+        it would kill the others), end the run; return the error naming those ranks."""
         workers, stacked = {}, []
         for process in self.processes[self.process.pid].children():  # its workers, once exec'd
-            with contextlib.suppress(psutil.Error, KeyError):
+            with contextlib.suppress(psutil.Error, KeyError, OSError, IndexError):
                 if (environment := process.environ())["TORCHELASTIC_RUN_ID"] == self.folder.name:
-                    workers[int(environment["RANK"])] = process
-        for rank, process in sorted(workers.items()):
-            with contextlib.suppress(OSError, IndexError, psutil.Error):  # SigCgt: the handled
-                caught = Path(f"/proc/{process.pid}/status").read_text().split("SigCgt:")[1]
-                if int(caught.split()[0], 16) >> (signal.SIGUSR1 - 1) & 1:  # else it would die
-                    process.send_signal(signal.SIGUSR1)
-                    stacked.append(rank)
+                    workers[rank := int(environment["RANK"])] = process
+                    caught = Path(f"/proc/{process.pid}/status").read_text().split("SigCgt:")[1]
+                    if int(caught.split()[0], 16) >> (signal.SIGUSR1 - 1) & 1:  # a handled one
+                        process.send_signal(signal.SIGUSR1)
+                        stacked.append(rank)
         deadline = time.monotonic() + 1.0
         while stacked and time.monotonic() < deadline and not all(
-                "(most recent call first)" in _rank_logs(self.folder).get(r, "") for r in stacked):
+                "(most recent call first)" in self.rank_logs().get(r, "") for r in stacked):
             time.sleep(0.05)
         self.end()
         unfinished = tuple(sorted(workers))
-        logs = {r: log[-_TAIL_CHARS:] for r, log in _rank_logs(self.folder).items()}
-        stacks = f" (the Python stacks of {stacked} end their stderr)" if stacked else ""
+        logs = {r: log[-_TAIL_CHARS:] for r, log in self.rank_logs().items()}
+        stacks = f" (the Python stacks of {sorted(stacked)} end their stderr)" if stacked else ""
         running = (f"ranks still running at the timeout: {list(unfinished)}{stacks}"
                    if logs else "no worker had started")
         details = "".join(f"\n--- rank {r} stderr (tail) ---\n{logs[r]}" for r in unfinished
@@ -184,6 +172,30 @@ class _Run:
                              f"{running}; every process of the run ({len(self.processes)}) was "
                              f"killed{details}", logs, unfinished_ranks=unfinished,
                              process_ids=tuple(self.processes))
+
+    def exit_error(self, module: str) -> LaunchError:
+        """Return the error of a run that exited non-zero: failing ranks' stderr, root cause
+        first, or how the agent ended."""
+        returncode, logs = self.process.returncode, self.rank_logs()
+        agent_log = (self.folder / "agent.log").read_text(errors="replace")
+        tails = {r: log[-_TAIL_CHARS:] for r, log in logs.items() if log}
+        failing = {r: tails[r] for r, log in logs.items() if "Traceback" in log} or tails
+        agent = f"the torchrun agent (pid {self.process.pid})"
+        stopped = _AGENT_SIGNAL.search(agent_log)
+        if returncode < 0 or stopped:  # no rank failed on its own
+            signum = str(-returncode) if returncode < 0 else stopped[1]  # torchrun: 15 or SIGTERM
+            name = signal.Signals(int(signum)).name if signum.isdigit() else signum
+            root, cause = None, f"{agent} was {'killed' if returncode < 0 else 'stopped'} by {name}"
+        else:  # the root cause: a rank that failed on its own, else the one torchrun saw first
+            own = sorted(r for r, log in failing.items() if not _PEER_FAILURE.search(log))
+            first = _ROOT_CAUSE.search(agent_log)
+            root = own[0] if own else (int(first[1]) if first else None)
+            cause = f"first failing rank: {root}"
+        details = "\n".join(f"--- rank {r} stderr (tail) ---\n{failing[r]}"
+                            for r in sorted(failing, key=lambda r: (r != root, r)))
+        return LaunchError(f"torchrun {module} exited with code {returncode}; {cause}; ranks with "
+                           f"errors: {sorted(failing)}\n{details or agent_log[-_TAIL_CHARS:]}",
+                           returncode, failing, root, process_ids=tuple(self.processes))
 
     def end(self) -> None:
         """SIGTERM the agent's group, each process seen or carrying the marker (its agent may
@@ -208,50 +220,10 @@ class _Run:
         while any(_is_alive(p) for p in alive) and time.monotonic() < deadline:
             time.sleep(0.02)
         deadline += 5.0  # a killed process starts nothing: repeat until none is left
-        while (alive := signal_all(signal.SIGKILL)) and time.monotonic() < deadline:
+        while signal_all(signal.SIGKILL) and time.monotonic() < deadline:
             time.sleep(0.02)
         with contextlib.suppress(subprocess.TimeoutExpired, AttributeError):  # None: no agent
             self.process.wait(1.0)
-
-
-def _exit_error(run: _Run, module: str, agent_log: str) -> LaunchError:
-    """Return the error of a run that exited non-zero: failing ranks' stderr, root cause first."""
-    returncode, logs = run.process.returncode, _rank_logs(run.folder)
-    tails = {r: log[-_TAIL_CHARS:] for r, log in logs.items() if log}
-    failing = {r: tails[r] for r, log in logs.items() if "Traceback" in log} or tails
-    agent, match = f"the torchrun agent (pid {run.process.pid})", _AGENT_SIGNAL.search(agent_log)
-    if returncode < 0 or match:  # no rank failed on its own
-        signum = str(-returncode) if returncode < 0 else match[1]  # torchrun prints 15 or SIGTERM
-        name = signal.Signals(int(signum)).name if signum.isdigit() else signum
-        root, cause = None, f"{agent} was {'killed' if returncode < 0 else 'stopped'} by {name}"
-    else:  # the root cause: a rank that failed on its own, else the one torchrun saw first
-        own = sorted(r for r, log in failing.items() if not _PEER_FAILURE.search(log))
-        match = _ROOT_CAUSE.search(agent_log)
-        root = own[0] if own else (int(match.group(1)) if match else None)
-        cause = f"first failing rank: {root}"
-    details = "\n".join(f"--- rank {r} stderr (tail) ---\n{failing[r]}"
-                        for r in sorted(failing, key=lambda r: (r != root, r)))
-    return LaunchError(f"torchrun {module} exited with code {returncode}; {cause}; ranks with "
-                       f"errors: {sorted(failing)}\n{details or agent_log[-_TAIL_CHARS:]}",
-                       returncode, failing, root, process_ids=tuple(run.processes))
-
-
-def _run_agent(caller_pid: str, folder: str, run_id: str, *arguments: str) -> None:
-    """Run torchrun's agent here for launch() in ``caller_pid``: its workers learn its pid;
-    should the caller die, end the run, remove ``folder`` and exit."""
-    os.environ[_AGENT_VARIABLE] = f"{run_id}:{os.getpid()}"
-
-    def caller_gone(*_: object) -> None:
-        _Run(Path(folder), os.environ[STORE_FILE_VARIABLE]).end()
-        shutil.rmtree(folder, ignore_errors=True)
-        os._exit(1)
-
-    signal.signal(_CALLER_DEATH_SIGNAL, caller_gone)
-    _prctl(_PR_SET_PDEATHSIG, _CALLER_DEATH_SIGNAL)
-    if os.getppid() != int(caller_pid):  # it died before the signal was armed
-        caller_gone()
-    from torch.distributed.run import main  # here: only the agent needs torchrun itself
-    main(list(arguments))
 
 
 def run_worker(main: Callable[[], int]) -> None:
@@ -261,7 +233,7 @@ def run_worker(main: Callable[[], int]) -> None:
     if "TORCHELASTIC_RUN_ID" in os.environ:
         run_id, _, pid = os.environ.get(_AGENT_VARIABLE, "").partition(":")
         agent = int(pid) if pid and run_id == os.environ["TORCHELASTIC_RUN_ID"] else _IMPORT_PARENT
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # armed first, then the parent checked
+        _die_with_parent(signal.SIGKILL)  # armed first, then the parent checked
         if os.getppid() != agent:
             sys.exit(f"torchrun agent (pid {agent}) is gone; worker {os.getpid()} exits")
         faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -296,5 +268,19 @@ def torchrun_command(module: str, arguments: list[str], *, nproc_per_node: int,
                        *_program(module), *arguments])
 
 
-if __name__ == "__main__":  # launch()'s agent
-    _run_agent(*sys.argv[1:])
+if __name__ == "__main__":  # launch()'s agent: CALLER_PID FOLDER RUN_ID TORCHRUN_ARGUMENTS...
+    caller_pid, folder, run_id, *arguments = sys.argv[1:]
+    os.environ[_AGENT_VARIABLE] = f"{run_id}:{os.getpid()}"  # for its workers
+
+    def caller_gone(*_: object) -> None:
+        """End the run, remove its folder and exit: launch()'s caller died."""
+        _Run(Path(folder), os.environ[STORE_FILE_VARIABLE]).end()
+        shutil.rmtree(folder, ignore_errors=True)
+        os._exit(1)
+
+    signal.signal(_CALLER_DEATH_SIGNAL, caller_gone)
+    _die_with_parent(_CALLER_DEATH_SIGNAL)
+    if os.getppid() != int(caller_pid):  # it died before the signal was armed
+        caller_gone()
+    from torch.distributed.run import main  # here: only the agent needs torchrun itself
+    main(arguments)
