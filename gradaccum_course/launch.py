@@ -66,6 +66,7 @@ def launch(module: str, arguments: list[str], *, nproc_per_node: int = 2,
            timeout_seconds: float = 300.0) -> dict:
     """Return the JSON that rank 0 wrote, running ``torchrun --nproc_per_node=N -m MODULE
     ARGUMENTS --json PATH`` (``MODULE`` may be a ``.py`` script) with ``OMP_NUM_THREADS=1``.
+
     The run listens on loopback only; none of its processes outlives a timeout, an error, an
     interrupt, this process's death or the agent's by more than about 2 s. Raises
     :class:`LaunchTimeout`, or :class:`LaunchError` (failing ranks' stderr, or the agent's end)."""
