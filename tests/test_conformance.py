@@ -23,7 +23,14 @@ from gradaccum_course.audits.conformance.table import (
     write_figure,
     write_page,
 )
-from gradaccum_course.audits.conformance.verdicts import EXPECTED, NOTES, PROGRAMS, THREADS
+from gradaccum_course.audits.conformance.verdicts import (
+    EXPECTED,
+    GRPO_EXPECTED,
+    GRPO_PROGRAMS,
+    NOTES,
+    PROGRAMS,
+    THREADS,
+)
 from gradaccum_course.audits.lightning import lightning_step
 from gradaccum_lib.equivalence import audit_update
 
@@ -146,19 +153,45 @@ def test_live_trl_sft_counts_position_0_of_a_gpt2():
     assert cell["logged_loss"] / cell["true_loss"] == pytest.approx(56 / 64, rel=1e-5)
 
 
-def test_trl_grpo_losses_are_aggregated_only_behind_generation(committed):
-    # why the GRPO-family row is not run: a version that exposes the aggregation fails here
-    import inspect
-
-    from trl import GRPOTrainer
-
+def test_trl_grpo_row_points_to_the_grpo_table_which_holds_every_loss_type(committed):
+    # the row's cells are not run on the token scenarios; each loss type has a line measured
+    # through GRPOTrainer(...).train(): k = 4 micro-batches of 2 against one batch of 8
+    from gradaccum_course.audits.conformance.grpo import LOSS_TYPES
     from gradaccum_course.audits.conformance.trl import GRPO_NOT_RUN
 
-    assert "self._compute_loss(model, inputs)" in inspect.getsource(GRPOTrainer.compute_loss)
-    assert "_generate_and_score_completions" in inspect.getsource(GRPOTrainer._prepare_inputs)
     for cell in committed["cells"]:
         if cell["framework"] == "trl_grpo":
             assert cell["status"] == "not run" and cell["reason"] == GRPO_NOT_RUN, cell
+    grpo = committed["grpo"]
+    lines = {line["loss_type"]: line for line in grpo["lines"]}
+    assert tuple(lines) == LOSS_TYPES == tuple(GRPO_EXPECTED)
+    assert grpo["version"] == version("trl")
+    assert len(set(grpo["completion_lengths"])) > 1  # uneven completions, so bnpo can show
+    for loss_type, line in lines.items():
+        tokens = line["tokens_per_micro_batch"]
+        assert len(tokens) == 4 and len(set(tokens)) > 1, loss_type  # uneven micro-batches
+        assert sum(tokens) == sum(grpo["completion_lengths"]), loss_type
+        assert line["verdict"] == GRPO_EXPECTED[loss_type], f"trl_grpo × {loss_type}"
+        if line["verdict"] == "deviate":
+            assert line["threads"] and line["note"] and loss_type in GRPO_PROGRAMS, loss_type
+    # bnpo: micro-batch i's tokens weigh 1/(4 n_i) instead of 1/N (the repro's loop)
+    assert lines["bnpo"]["relative_error"] > 0.05
+
+
+def test_live_trl_grpo_bnpo_deviates_and_grpo_matches_on_the_same_completions():
+    # two loss types live (about 2 s); all eight under make conformance
+    from gradaccum_course.audits.conformance.grpo import measure
+
+    committed_lines = {line["loss_type"]: line
+                       for line in json.loads(COMMITTED.read_text(encoding="utf-8"))["grpo"][
+                           "lines"]}
+    for loss_type in ("grpo", "bnpo"):
+        line = measure(loss_type)  # asserts A and B generated the same completions
+        assert line["verdict"] == GRPO_EXPECTED[loss_type], f"trl_grpo × {loss_type}"
+        assert line["tokens_per_micro_batch"] == committed_lines[loss_type][
+            "tokens_per_micro_batch"], loss_type
+        assert line["norm_ratio"] == pytest.approx(committed_lines[loss_type]["norm_ratio"],
+                                                   rel=1e-5), loss_type
 
 
 def test_live_accelerate_divides_a_partial_window_by_the_configured_k():
@@ -191,6 +224,10 @@ def test_a_changed_verdict_is_reported_with_its_cell_and_thread(tmp_path):
               "logged_verdict": "match", "threads": [{"label": "transformers #38837"}]}]
     (line,) = check({"cells": cells})
     assert line.startswith("trainer × partial") and "transformers #38837" in line
+    grpo = {"lines": [{"loss_type": "bnpo", "verdict": "match", "threads": [
+        {"label": "TRL #3021"}]}]}
+    (line,) = check({"cells": [], "grpo": grpo})
+    assert line.startswith("trl_grpo × loss_type bnpo") and "TRL #3021" in line
     table = {"versions": {"transformers": "5.23.0"}, "tolerance": 1e-6,
              "scenarios": [{"key": "partial", "title": "a partial last window",
                             "accumulation_steps": 4, "predicted_tokens": [14, 14]}],
@@ -229,6 +266,11 @@ def test_both_pages_hold_the_same_cells_and_each_red_cell_links_its_program(comm
                 for row in rows for cell in row.split(" | ") if cell.startswith(("✅", "❌"))]
 
     assert cells("en") == cells("zh") and len(cells("en")) > 20
+    for line in committed["grpo"]["lines"]:
+        if line["verdict"] == "deviate":
+            for page in PAGES.values():
+                assert f"repro/{GRPO_PROGRAMS[line['loss_type']]}.py)" in page.read_text(
+                    encoding="utf-8"), f"{page}: trl_grpo × {line['loss_type']}"
     for cell in committed["cells"]:
         key = (cell["framework"], cell["scenario"])
         if cell["gradient_verdict"] == "deviate":
@@ -240,7 +282,7 @@ def test_both_pages_hold_the_same_cells_and_each_red_cell_links_its_program(comm
                 assert link in page.read_text(encoding="utf-8"), f"{page}: {_name(*key)}"
 
 
-@pytest.mark.parametrize("name", sorted(set(PROGRAMS.values())))
+@pytest.mark.parametrize("name", sorted(set(PROGRAMS.values()) | set(GRPO_PROGRAMS.values())))
 def test_each_program_is_short_and_names_its_thread_and_how_to_run_it(name):
     text = (REPRO / f"{name}.py").read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 60, f"{name}.py: {len(text.splitlines())} lines"
@@ -255,7 +297,8 @@ _SLOW = {"trainer_moe_aux", "moe_mean_of_aux"}
 _FULL = bool(os.environ.get("GRADACCUM_CONFORMANCE_FULL"))
 
 
-@pytest.mark.parametrize("name", sorted(set(PROGRAMS.values()) - {"two_ranks"}))
+@pytest.mark.parametrize("name", sorted((set(PROGRAMS.values()) | set(GRPO_PROGRAMS.values()))
+                                        - {"two_ranks"}))
 def test_live_each_program_reproduces_its_deviation(name, capsys):
     # each exits 0 only while the deviation is there and is what its explaining loop gives
     import importlib

@@ -27,10 +27,11 @@ from gradaccum_lib.batches import concatenate_micro_batches
 from gradaccum_lib.equivalence import full_batch_gradients
 from gradaccum_lib.losses import cross_entropy_sum
 
+from .scenarios import LEARNING_RATE
+
 __all__ = ["EXPERTS", "TOP_K", "decompose", "make_tiny_moe", "moe_loss", "step_function"]
 
 EXPERTS, TOP_K = 4, 2
-_LEARNING_RATE = 0.1  # make_optimizer's SGD: an update is the gradient times -0.1
 
 
 def make_tiny_moe(vocabulary: int, length: int, coefficient: float) -> nn.Module:
@@ -95,7 +96,7 @@ def _updates(step, model: nn.Module, micro_batches: list) -> tuple[Tensor, Tenso
     gradients = full_batch_gradients(model, moe_loss, concatenate_micro_batches(micro_batches))
     truth = torch.cat([gradients[name].reshape(-1).double()
                        for name, _ in model.named_parameters()])
-    return _vector(candidate) - _vector(model), -_LEARNING_RATE * truth
+    return _vector(candidate) - _vector(model), -LEARNING_RATE * truth
 
 
 def decompose(framework: str, scenario) -> dict[str, float]:  # noqa: ANN001

@@ -20,9 +20,11 @@ from gradaccum_lib.batches import concatenate_micro_batches
 from gradaccum_lib.losses import cross_entropy_sum
 from gradaccum_lib.workloads.models import make_tiny_causal_lm
 
-__all__ = ["SCENARIOS", "Scenario", "make_optimizer", "token_loss", "window_mean_loss"]
+__all__ = ["LEARNING_RATE", "SCENARIOS", "Scenario", "make_optimizer", "token_loss",
+           "window_mean_loss"]
 
 VOCABULARY, SEQUENCE_LENGTH, MICRO_BATCH_SIZE = 32, 8, 2
+LEARNING_RATE = 0.1  # make_optimizer's SGD
 #: the GPT-2 model's parameters are multiplied by this after initialisation, so that the
 #: window gradient's norm (about 4) is above the clipping threshold of 1.0
 PARAMETER_SCALE = 4.0
@@ -156,5 +158,5 @@ def window_mean_loss(model: nn.Module, micro_batches: list[Mapping[str, Tensor]]
 
 
 def make_optimizer(parameters) -> torch.optim.Optimizer:  # noqa: ANN001
-    """SGD at a learning rate of 0.1: an update is the gradient times -0.1."""
-    return torch.optim.SGD(parameters, lr=0.1)
+    """SGD at :data:`LEARNING_RATE`: an update is the gradient times -0.1."""
+    return torch.optim.SGD(parameters, lr=LEARNING_RATE)

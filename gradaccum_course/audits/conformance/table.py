@@ -25,6 +25,7 @@ from .verdicts import (
     CHECKED,
     EXPECTED,
     GRADIENT_ONLY,
+    GRPO_EXPECTED,
     LOGGED_PROGRAMS,
     NOTES,
     PROGRAMS,
@@ -75,7 +76,9 @@ def measure_cell(framework: str, scenario: Scenario) -> dict:
     if scenario.router_aux_coefficient:  # the update's two parts (moe.decompose)
         from .moe import decompose
 
-        cell |= {key: _rounded(value, 4) for key, value in decompose(framework, scenario).items()}
+        parts = decompose(framework, scenario)  # the cross-entropy part's error: a bound's digit
+        cell |= {key: _rounded(value, 1 if key == "ce_relative_error" else 4)
+                 for key, value in parts.items()}
     return {**cell, "status": "ran", "version": measured["version"],
             "gradient_relative_error": _rounded(measured["gradient_relative_error"]),
             "norm_ratio": _rounded(measured["norm_ratio"], 6),
@@ -99,6 +102,11 @@ def run_table(frameworks: Sequence[str] = tuple(FRAMEWORKS),
     for framework, scenario in tqdm(pairs, desc="conformance", unit="cell",
                                     disable=not progress):
         cells.append(measure_cell(framework, scenario))
+    extra = {}
+    if "trl_grpo" in frameworks:  # the GRPO table: its loss types on a generated window
+        from .grpo import grpo_table
+
+        extra["grpo"] = grpo_table(progress=progress)
     return {"tolerance": TOLERANCE,
             "versions": {FRAMEWORKS[f].PACKAGE: version(FRAMEWORKS[f].PACKAGE)
                          for f in frameworks} | {"torch": version("torch")},
@@ -110,7 +118,7 @@ def run_table(frameworks: Sequence[str] = tuple(FRAMEWORKS),
                           for s in scenarios],
             "cells": cells,
             "threads_checked": [dict(zip(("label", "url", "says"), t, strict=True))
-                                for t in CHECKED]}
+                                for t in CHECKED]} | extra
 
 
 def check(table: dict) -> list[str]:
@@ -125,6 +133,12 @@ def check(table: dict) -> list[str]:
             threads = ", ".join(t["label"] for t in cell["threads"]) or "no thread"
             wrong.append(f"{key[0]} × {key[1]}: (gradient, logged) {measured}, expected "
                          f"{expected} ({threads})")
+    for line in table.get("grpo", {}).get("lines", []):
+        expected = GRPO_EXPECTED.get(line["loss_type"], "not run")
+        if line["verdict"] != expected:
+            threads = ", ".join(t["label"] for t in line["threads"]) or "no thread"
+            wrong.append(f"trl_grpo × loss_type {line['loss_type']}: update {line['verdict']}, "
+                         f"expected {expected} ({threads})")
     return wrong
 
 
@@ -248,13 +262,29 @@ _ENGLISH = {
     "program line": "reproduced by {links} (`python -m "
                     "gradaccum_course.audits.conformance.repro.NAME`, which exits non-zero once "
                     "the deviation is gone or has changed)",
+    "grpo": "## TRL GRPOTrainer's loss types: k micro-batches against one batch",
+    "grpo intro": (
+        "The GRPO-family row above is not run on the scenarios (GRPOTrainer trains on "
+        "completions it generates); its loss types are run here through "
+        "`GRPOTrainer(...).train()` (TRL {version}): one SGD step of the same tiny float64 "
+        "GPT-2, beta = 0, one iteration, no clipping, on {prompts} prompts × {generations} "
+        "completions of at most {max_length} tokens, rewarded by their length (completion "
+        "lengths: {lengths}). Run A takes them in k = {k} micro-batches of {b}, run B as one "
+        "batch of {large}; both generate the same completions (asserted). A cell is A's "
+        "update's relative error against B's, the large batch under the loss type's own "
+        "definition. Not run: the logged loss, several processes, more than one iteration, a "
+        "partial window."),
+    "loss type": "loss type",
+    "grpo update": "update vs one batch",
+    "grpo tokens": "completion tokens per micro-batch (run A)",
     "threads checked": "## Threads read that are not a cell",
     "threads intro": "Each was read; its state is at the pinned versions, and the reason it is "
                      "not a cell is the path it needs, which the table does not run.",
     "not yet": (
-        "Not in the table yet: TRL's other trainers (DPO, KTO, RLOO, reward); the GRPO-family "
-        "row is there but not run (why: above). Other frameworks, tried on this machine without "
-        "a GPU and outside the project's environment: **DeepSpeed 0.19.8 ran** (its CPU "
+        "Not in the table yet: TRL's other trainers (DPO, KTO, RLOO, reward); of GRPOTrainer, "
+        "anything but the update of each loss type on one generated window (above). Other "
+        "frameworks, tried on this machine without a GPU and outside the project's "
+        "environment: **DeepSpeed 0.19.8 ran** (its CPU "
         "accelerator, gloo, built without its compiled ops; `scripts/try_deepspeed_cpu.py`, "
         "`benchmarks/deepspeed_cpu.txt`): a full float32 window matches (2.5e-07), a partial "
         "last window makes no optimizer step (its gradient is carried into the next window), "
@@ -279,6 +309,27 @@ def _words(lang: str) -> tuple[dict, object]:
 def _link(repo_path: str, page: Path) -> str:
     """A relative link from ``page`` to the repository file ``repo_path``."""
     return Path(os.path.relpath(_ROOT / repo_path, page.resolve().parent)).as_posix()
+
+
+def _grpo_lines(table: dict, words: dict, path: Path) -> list[str]:
+    """The GRPO table's section: the window, then one line per loss type."""
+    grpo = table.get("grpo")
+    if not grpo:
+        return []
+    lines = ["", words["grpo"], "", words["grpo intro"].format(
+        version=grpo["version"], prompts=len(grpo["prompts"]), generations=grpo["generations"],
+        max_length=grpo["max_completion_length"],
+        lengths=", ".join(map(str, grpo["completion_lengths"])), k=grpo["accumulation_steps"],
+        b=grpo["micro_batch_size"], large=grpo["micro_batch_size"] * grpo["accumulation_steps"]),
+        "", f"| {words['loss type']} | {words['grpo update']} | {words['grpo tokens']} |",
+        "|---|---|---|"]
+    for line in grpo["lines"]:
+        cell = {"gradient_verdict": line["verdict"], "threads": line["threads"],
+                "gradient_relative_error": line["relative_error"],
+                "program": line.get("program", "")}
+        lines.append(f"| `{line['loss_type']}` | {_cell_text(cell, 'gradient', words, path)} | "
+                     + ", ".join(map(str, line["tokens_per_micro_batch"])) + " |")
+    return lines
 
 
 def _cell_text(cell: dict, field: str, words: dict | None = None,
@@ -331,12 +382,14 @@ def page_text(table: dict, path: Path, figure_name: str | None = None, lang: str
             lines.append(f"| {runner.NAME} ({runner.PACKAGE} "
                          f"{table['versions'][runner.PACKAGE]}) | "
                          + " | ".join(_cell_text(c, field, words, path) for c in row) + " |")
+    lines += _grpo_lines(table, words, path)
     lines += ["", words["deviations"], ""]
     grouped: dict[str, list[str]] = {}  # a line's text -> the cells it is said of
+    colon, stop = ("：", "。") if lang == "zh" else (": ", ".")
     for row in rows:
         for cell in row:
             name = FRAMEWORKS[cell["framework"]].NAME
-            said = [f"[{t['label']}]({t['url']}): {tr(t['says'])}" for t in cell["threads"]]
+            said = [f"[{t['label']}]({t['url']}){colon}{tr(t['says'])}" for t in cell["threads"]]
             said += [tr(cell["note"])] if cell["note"] else []
             if cell.get("program"):
                 program = cell["program"]
@@ -348,7 +401,15 @@ def page_text(table: dict, path: Path, figure_name: str | None = None, lang: str
                 said.append(words["cell not run"].format(reason=tr(cell["reason"])))
             for text in said:
                 grouped.setdefault(f"{name}|{text}", []).append(f"`{cell['scenario']}`")
-    colon, stop = ("：", "。") if lang == "zh" else (": ", ".")
+    for line in table.get("grpo", {}).get("lines", []):  # the GRPO table's loss types
+        said = [f"[{t['label']}]({t['url']}){colon}{tr(t['says'])}" for t in line["threads"]]
+        said += [tr(line["note"])] if line["note"] else []
+        if line.get("program"):
+            said.append(words["program line"].format(
+                links=f"[`{Path(line['program']).stem}`]({_link(line['program'], path)})"))
+        for text in said:
+            grouped.setdefault(f"{FRAMEWORKS['trl_grpo'].NAME}|{text}", []).append(
+                f"`{line['loss_type']}`")
     lines += [f"- {key.split('|', 1)[0]} × {', '.join(where)}{colon}{key.split('|', 1)[1]}{stop}"
               for key, where in grouped.items()]
     lines += ["", words["threads checked"], "", words["threads intro"], ""]

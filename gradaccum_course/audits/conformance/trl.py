@@ -7,10 +7,10 @@ micro-batches are the scenario's. The tokenizer is a word-level one over the 32 
 (SFTTrainer requires one; it only gives the pad id 0). The logged loss is the step's ``loss``
 as the Trainer hands it to its callbacks.
 
-The GRPO-family loss types are not run: at the pinned version their aggregation lives inside
-``GRPOTrainer.compute_loss`` / ``_compute_loss``, reachable only with a batch that
-``_generate_and_score_completions`` (generation and rewards) builds; no public entry point
-aggregates a per-token loss alone (see :data:`GRPO_NOT_RUN`)."""
+The GRPO-family row's cells are not run: GRPOTrainer trains on completions it generates and
+rewards, not on the scenarios' token windows; its loss types are measured through
+``GRPOTrainer(...).train()`` on a generated window of their own (``grpo.py``, the page's GRPO
+table; see :data:`GRPO_NOT_RUN`)."""
 
 from __future__ import annotations
 
@@ -28,14 +28,17 @@ from .scenarios import (
     window_mean_loss,
 )
 
-__all__ = ["GRPO", "GRPO_NOT_RUN", "NAME", "NOT_RUN", "PACKAGE", "run", "sft_step"]
+__all__ = ["GRPO", "GRPO_NOT_RUN", "NAME", "NOT_RUN", "PACKAGE", "make_tokenizer", "run",
+           "sft_step"]
 
 NAME, PACKAGE = "TRL SFTTrainer", "trl"
 GRPO_NOT_RUN = (
-    "TRL 1.16.0 aggregates the GRPO-family losses (grpo, bnpo, dr_grpo, dapo, cispo, vespo) in "
-    "the private GRPOTrainer._compute_loss, on the batch that generation and reward scoring "
-    "build; the public compute_loss takes that undocumented batch and training_step generates "
-    "first, so no public or documented entry point runs the aggregation without generation")
+    "GRPOTrainer does not train on the scenarios' token windows: it generates its own "
+    "completions and rewards them, so its loss types (grpo, bnpo, dr_grpo, dapo, cispo, sapo, "
+    "vespo, luspo) are measured on a generated window of their own, in the GRPO table: "
+    "GRPOTrainer(...).train() with k = 4 micro-batches of 2 against one batch of 8 on the same "
+    "completions (the update only; not its logged loss, several processes, more than one "
+    "iteration or a partial window)")
 _OWN_LOSS = (
     "does not apply: SFTTrainer computes the token loss itself (its fused LM head, not the "
     "model's forward) and its collator always labels position 0 (labels = input_ids)")
@@ -46,7 +49,9 @@ GRPO = SimpleNamespace(NAME="TRL GRPOTrainer", PACKAGE=PACKAGE,
                        NOT_RUN={scenario.key: GRPO_NOT_RUN for scenario in SCENARIOS})
 
 
-def _tokenizer():  # noqa: ANN202
+def make_tokenizer():  # noqa: ANN201
+    """The table's word-level tokenizer: token ``tI`` is id I (pad ``t0``, unknown ``t1``, EOS
+    ``t2``), for TRL's trainers, which take a tokenizer."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from transformers import PreTrainedTokenizerFast
@@ -88,7 +93,7 @@ def sft_step(accumulation_steps: int, max_grad_norm: float = 0.0,
                 logging_strategy="steps", logging_steps=1, disable_tqdm=True, seed=0,
                 dataloader_num_workers=0, train_sampling_strategy="sequential",
                 max_length=None, bf16=False)
-            trainer = SFTTrainer(model=model, args=config, processing_class=_tokenizer(),
+            trainer = SFTTrainer(model=model, args=config, processing_class=make_tokenizer(),
                                  train_dataset=Dataset.from_dict({"input_ids": sequences}),
                                  optimizers=(optimizer, scheduler), callbacks=[KeepLoss()])
             trainer.remove_callback(PrinterCallback)

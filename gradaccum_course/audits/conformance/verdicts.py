@@ -5,8 +5,9 @@ no thread was found for says "unexplained"). A version bump that changes a verdi
 
 from __future__ import annotations
 
-__all__ = ["CHECKED", "EXPECTED", "GRADIENT_ONLY", "LOGGED_PROGRAMS", "NOTES", "PROGRAMS",
-           "THREADS", "TOLERANCE", "Thread"]
+__all__ = ["CHECKED", "EXPECTED", "GRADIENT_ONLY", "GRPO_EXPECTED", "GRPO_NOTES",
+           "GRPO_PROGRAMS", "GRPO_THREADS", "LOGGED_PROGRAMS", "NOTES", "PROGRAMS", "THREADS",
+           "TOLERANCE", "Thread"]
 
 #: a relative error at or below this is a match (the transformers causal-LM loss computes in
 #: float32 even for a float64 model: its exact cells sit near 1e-7)
@@ -94,15 +95,15 @@ THREADS |= {("trl", key): (_TRL_COUNT,)
             for key in ("equal", "uneven", "partial", "clip", "two_ranks")}
 
 _TRL = "https://github.com/huggingface/trl"
-THREADS |= {("trl_grpo", key): (
-    ("TRL #5619", f"{_TRL}/issues/5619",
-     "asks why the dapo loss is not divided by the accumulation steps; the maintainer: "
-     "num_items_in_batch counts the whole accumulated batch"),
-    ("TRL PR #6024", f"{_TRL}/pull/6024",
-     "merged: dapo, cispo and vespo were scaled by gradient_accumulation_steps / "
-     "steps_per_generation; the pinned source has the rescaling (read, not measured here)"))
-    for key in ("equal", "uneven", "partial", "clip", "no_kwargs", "drops_kwargs",
-                "position_0", "two_ranks", "moe_aux")}
+_TRL_5619: Thread = (
+    "TRL #5619", f"{_TRL}/issues/5619",
+    "asks why the dapo loss is not divided by the accumulation steps; the maintainer: "
+    "num_items_in_batch counts the whole accumulated batch")
+_TRL_6024: Thread = (
+    "TRL PR #6024", f"{_TRL}/pull/6024",
+    "merged: dapo, cispo and vespo were scaled by gradient_accumulation_steps / "
+    "steps_per_generation; the pinned source has the rescaling, and the GRPO table measures "
+    "these three loss types matching")
 
 _ACCELERATE = "https://github.com/huggingface/accelerate"
 _ACCELERATE_GUIDE: Thread = (
@@ -137,7 +138,8 @@ NOTES: dict[tuple[str, str], str] = {
         "predicts"),
     ("accelerate", "uneven"): (
         "Measured: the update is the mean of the micro-batch means' (accelerator.backward "
-        "divides each mean loss by k); the documented accumulate() loop passes no token count"),
+        "divides each mean loss by k); Accelerate's basic documented loop (accelerator.backward(l"
+        "oss) per micro-batch) passes no token count"),
     ("accelerate", "partial"): (
         "no thread found for the scale (unexplained). Measured: the update is 2/4 of the "
         "truth's: the 2 micro-batches of the last window are each divided by the configured "
@@ -169,7 +171,7 @@ NOTES[("trl", "clip")] = (
 NOTES[("trainer", "moe_aux")] = (
     "no thread found in transformers (unexplained upstream). Measured: the cross-entropy part "
     "of the update matches (num_items_in_batch), but each micro-batch's load-balancing term is "
-    "added unscaled, so the auxiliary part weighs 4.01 times the large batch's (k = 4) and the "
+    "added unscaled, so the auxiliary part weighs about 4 times the large batch's (k = 4) and the "
     "logged loss carries it 4 times; NeMo AutoModel fixed the same mechanism in its own loop "
     "(NVIDIA-NeMo/Automodel PR #3359); transformers #48690 (open) is its 2-rank relative, the "
     "term multiplied by the world size")
@@ -183,12 +185,11 @@ _MOE_MEAN = (
     "counts do)")
 NOTES[("accelerate", "moe_aux")] = _MOE_MEAN
 NOTES[("lightning", "moe_aux")] = _MOE_MEAN + (
-    "; the logged loss matches within the tolerance only because the coefficient (0.001) "
-    "makes the load-balancing gap small")
+    "; the logged loss is within the tolerance (1e-6) of the window's true mean")
 NOTES[("trl", "moe_aux")] = _MOE_MEAN + (
     "; SFTTrainer divides the term by the accumulation steps, and Qwen3-MoE's loss_type is "
-    "ForCausalLM, so its count is right; the logged loss matches within the tolerance only "
-    "because the coefficient (0.001) makes the load-balancing gap small")
+    "ForCausalLM, so its count is right; the logged loss is within the tolerance (1e-6) of the "
+    "window's true mean")
 NOTES[("accelerate", "no_kwargs")] = NOTES[("accelerate", "drops_kwargs")] = NOTES[
     ("accelerate", "uneven")]
 NOTES[("lightning", "no_kwargs")] = NOTES[("lightning", "drops_kwargs")] = NOTES[
@@ -244,7 +245,7 @@ CHECKED: tuple[Thread, ...] = (
      "micro-batch and log() averages the entries, so windows of different sizes (an epoch's "
      "short last one) weigh by their micro-batch count; its PR #7053 was closed unmerged, and "
      "the pinned 1.16.0 still appends policy_loss once per micro-batch (read). Not a cell: it "
-     "is about GRPO's logged metrics, and the GRPO row is not run"),
+     "is about GRPO's logged metrics, and the GRPO table measures the update only"),
     ("torchtune PR #2980", "https://github.com/meta-pytorch/torchtune/pull/2980",
      "open: skip the gradient scaling when accumulation is 1; a reviewer shows that the "
      "distributed recipe scales the loss by the rank's own token count and the gradients by "
@@ -253,6 +254,43 @@ CHECKED: tuple[Thread, ...] = (
     ("transformers #48690", f"{_TRANSFORMERS}/issues/48690",
      "open: with average_tokens_across_devices the Trainer multiplies Qwen3-MoE's whole loss, "
      "its router load-balancing term included, by the world size, so that term grows with the "
-     "ranks; its fix PR #48691 is open. Not a cell: the MoE column runs one process (its "
+     "ranks; its fix PRs #48691 and #48706 are open. Not a cell: the MoE column runs one process "
+     "(its "
      "accumulation counterpart is the Trainer × moe_aux cell)"),
 )
+
+#: TRL GRPOTrainer's loss types (the GRPO table, ``grpo.py``: k = 4 micro-batches of 2 against
+#: one batch of 8 on the same generated completions) -> the update's expected verdict
+GRPO_EXPECTED: dict[str, str] = {
+    "grpo": "match", "bnpo": "deviate", "dr_grpo": "match", "dapo": "match", "cispo": "match",
+    "sapo": "match", "vespo": "match", "luspo": "match"}
+
+#: loss type -> its threads in the GRPO table
+GRPO_THREADS: dict[str, tuple[Thread, ...]] = {
+    "bnpo": (("TRL #3021", f"{_TRL}/issues/3021",
+              "open: asks why GRPO trains worse with gradient accumulation; a comment reads the "
+              "bnpo branch (each micro-batch's summed token loss over its own token count) as "
+              "still differing from the large batch under accumulation"),),
+    **{loss_type: (_TRL_5619, _TRL_6024) for loss_type in ("dapo", "cispo", "vespo")}}
+
+_PER_SEQUENCE = (
+    "Measured: a match. Why (read in the source): each micro-batch's mean over its "
+    "sequences, divided by k, is the large batch's mean over sequences because every "
+    "micro-batch holds 2 sequences")
+#: loss type -> what the measurement shows (the tests assert the numbers)
+GRPO_NOTES: dict[str, str] = {
+    "bnpo": (
+        "documented: GRPOConfig's loss_type docstring says bnpo normalises over the local "
+        "batch only, so results may vary with the local batch size at a constant effective "
+        "batch size. Measured: each micro-batch's token mean divided by k weighs the tokens of "
+        "micro-batch i by 1/(4 n_i), n_i its completion tokens, instead of 1/N, N the "
+        "window's, so the tokens of the micro-batches with fewer tokens weigh more"),
+    "grpo": _PER_SEQUENCE, "sapo": _PER_SEQUENCE, "luspo": _PER_SEQUENCE,
+    "dr_grpo": (
+        "Measured: a match. Why (read in the source): each micro-batch's sum over (its 2 "
+        "sequences × max_completion_length), divided by k, is the large batch's sum over (8 × "
+        "max_completion_length)"),
+}
+
+#: loss type -> the module under ``repro/`` that reproduces its deviation
+GRPO_PROGRAMS: dict[str, str] = {"bnpo": "trl_grpo_bnpo"}

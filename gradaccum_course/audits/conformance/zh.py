@@ -41,17 +41,31 @@ WORDS = {
     "program line": "复现程序：{links}（"
                     "`python -m gradaccum_course.audits.conformance.repro.名称`，"
                     "偏差消失或改变时以非零状态退出）",
-    "threads checked": "## 读过但不构成单元格的上游讨论",
-    "threads intro": ("每条都读过；状态以固定版本为准，不构成单元格的原因是它需要的路径本表"
-                      "没有运行。"),
+    "grpo": "## TRL GRPOTrainer 的各种损失类型：k 个微批次与一个批次的比较",
+    "grpo intro": (
+        "上面 GRPO 系列那一行不在这些场景上运行（GRPOTrainer 训练的是它自己生成的补全）；它的"
+        "各种损失类型在这里通过 `GRPOTrainer(...).train()`（TRL {version}）运行：同一个小 "
+        "float64 GPT-2 做一次 SGD 更新，beta = 0，一次迭代，不裁剪，{prompts} 个提示 × 每个 "
+        "{generations} 个补全，补全最多 {max_length} 个 token，奖励是它的长度"
+        "（补全长度：{lengths}）。"
+        "运行 A 把它们分成 k = {k} 个每个 {b} 条的微批次，运行 B 作为一个 {large} 条的批次；"
+        "两次生成的补全相同（有断言）。单元格是 A 的更新相对 B 的更新的相对误差，B 即按该损失"
+        "类型自己的定义算出的大批次更新。未运行：记录的损失、多个进程、多于一次迭代、不满的窗口。"),
+    "loss type": "损失类型",
+    "grpo update": "更新与一个批次的比较",
+    "grpo tokens": "每个微批次的补全 token 数（运行 A）",
+    "threads checked": "## 已读、但未列入表中的上游讨论",
+    "threads intro": ("每条都逐一读过；所述状态以固定版本为准；之所以没有列为单元格，是因为它涉及的"
+                      "代码路径本表没有运行。"),
     "not yet": (
-        "尚未纳入本表：TRL 的其他 trainer（DPO、KTO、RLOO、奖励模型）；GRPO 系列那一行在表中但未"
-        "运行（原因见上）。其他框架在这台没有 GPU 的机器上、在项目环境之外试过：**DeepSpeed "
-        "0.19.8 跑起来了**（它的 CPU 加速器、gloo、不编译它的算子；"
+        "尚未纳入本表：TRL 的其他 trainer（DPO、KTO、RLOO、奖励模型）；GRPOTrainer 除了各损失"
+        "类型在一个生成窗口上的更新（见上）之外的一切。其他框架在这台没有 GPU 的机器上、"
+        "在项目环境之外试过：**DeepSpeed "
+        "0.19.8 跑起来了**（用它的 CPU 加速器和 gloo，不编译它的算子；"
         "`scripts/try_deepspeed_cpu.py`、`benchmarks/deepspeed_cpu.txt`）：一个完整的 float32 "
         "窗口一致（2.5e-07），最后一个不满的窗口不做优化器更新（它的梯度被带进下一个窗口），且它"
         "拒绝 float64 梯度，所以不是这张 float64 表的一列。**torchtune 0.6.1 没有跑起来**：导入"
-        "失败，它向 torchao 要 `torchao.dtypes.nf4tensor`，而最新的 torchao 0.18.0 已没有这个"
+        "失败，它要从 torchao 导入 `torchao.dtypes.nf4tensor`，而最新的 torchao 0.18.0 已没有这个"
         "模块。**torchtitan 0.3.0 没有跑起来**：它的 trainer 导入 triton，没有加速器时退回 CUDA "
         "设备；它的源码把每个微批次的求和损失除以窗口的全局 token 数（读过源码，未测量）。"),
 }
@@ -103,7 +117,7 @@ TRANSLATED = {
         "而移位后的损失从不预测它",
     "no thread found (unexplained). Measured: the update is the mean of the micro-batch means' "
     "(accelerator.backward divides each mean loss by k)":
-        "没有找到上游讨论（原因不明）。实测：更新是微批次均值的均值给出的更新"
+        "没有找到上游讨论（原因不明）。实测：更新等于按微批次均值的均值算出的更新"
         "（accelerator.backward 把每个平均损失除以 k）",
     "no thread found (unexplained). Measured: the update is 2/4 of the truth's: the 2 "
     "micro-batches of the last window are each divided by the configured k = 4":
@@ -150,22 +164,26 @@ TRANSLATED = {
         "提问者问 dapo 的损失为何不除以累积步数；维护者答：num_items_in_batch 数的是整个累积"
         "后的批次",
     "merged: dapo, cispo and vespo were scaled by gradient_accumulation_steps / "
-    "steps_per_generation; the pinned source has the rescaling (read, not measured here)":
+    "steps_per_generation; the pinned source has the rescaling, and the GRPO table measures "
+    "these three loss types matching":
         "已合并：dapo、cispo 和 vespo 曾被多乘了 gradient_accumulation_steps / "
-        "steps_per_generation；固定版本的源码已有这一修正（读过源码，本表未测量）",
+        "steps_per_generation；固定版本的源码已有这一修正，GRPO 表测得这三种损失类型一致",
     # reasons
     "does not apply: SFTTrainer computes the token loss itself (its fused LM head, not the "
     "model's forward) and its collator always labels position 0 (labels = input_ids)":
         "不适用：SFTTrainer 自己计算 token 损失（用它融合的 LM 头，而不是模型的 `forward`），"
         "且它的整理函数总给位置 0 打标签（labels = input_ids）",
-    "TRL 1.16.0 aggregates the GRPO-family losses (grpo, bnpo, dr_grpo, dapo, cispo, vespo) in "
-    "the private GRPOTrainer._compute_loss, on the batch that generation and reward scoring "
-    "build; the public compute_loss takes that undocumented batch and training_step generates "
-    "first, so no public or documented entry point runs the aggregation without generation":
-        "TRL 1.16.0 在私有的 GRPOTrainer._compute_loss 里汇总 GRPO 系列损失（grpo、bnpo、"
-        "dr_grpo、dapo、cispo、vespo），输入是生成和奖励打分构造的批次；公开的 compute_loss "
-        "接收的正是这个没有文档的批次，training_step 又会先生成，所以没有任何公开或有文档的"
-        "入口能在不生成的情况下运行这段汇总",
+    "GRPOTrainer does not train on the scenarios' token windows: it generates its own "
+    "completions and rewards them, so its loss types (grpo, bnpo, dr_grpo, dapo, cispo, sapo, "
+    "vespo, luspo) are measured on a generated window of their own, in the GRPO table: "
+    "GRPOTrainer(...).train() with k = 4 micro-batches of 2 against one batch of 8 on the same "
+    "completions (the update only; not its logged loss, several processes, more than one "
+    "iteration or a partial window)":
+        "GRPOTrainer 不在这些场景的 token 窗口上训练：它自己生成补全并打奖励，所以它的各种损失"
+        "类型（grpo、bnpo、dr_grpo、dapo、cispo、sapo、vespo、luspo）在它自己的一个生成窗口上"
+        "测量，见 GRPO 表：GRPOTrainer(...).train() 用 k = 4 个每个 2 条的微批次，与同一批补全"
+        "组成的一个 8 条的批次对比（只比较更新；不比较它记录的损失，也不测多个进程、多于一次"
+        "迭代或不满的窗口）",
     "Accelerate logs no loss: the loop's user logs what they compute":
         "Accelerate 自己不记录损失：记录什么由写循环的人决定",
     # added with the MoE scenario and the threads read in December 2026
@@ -180,13 +198,14 @@ TRANSLATED = {
     "Measured: the update is 56/64 of the truth's, the 56 predicted tokens over the 64 "
     "labelled positions: GPT2LMHeadModel's loss_type is None, so PR #46204's shifted count "
     "does not apply and the Trainer counts position 0, which the shifted loss never predicts":
-        "实测：更新是基准真值的 56/64，即 56 个被预测的 token 比 64 个有标签的位置："
+        "实测：更新是基准真值的 56/64，即被预测的 56 个 token 与有标签的 64 个位置之比："
         "GPT2LMHeadModel 的 loss_type 为 None，PR #46204 的移位计数不适用，`Trainer` 把位置 0 "
         "也计入，而移位后的损失从不预测它",
     "Measured: the update is the mean of the micro-batch means' (accelerator.backward divides "
-    "each mean loss by k); the documented accumulate() loop passes no token count":
-        "实测：更新是微批次均值的均值给出的更新（accelerator.backward 把每个平均损失除以 k）；"
-        "文档中的 accumulate() 循环不传 token 数",
+    "each mean loss by k); Accelerate's basic documented loop (accelerator.backward(loss) per mic"
+    "ro-batch) passes no token count":
+        "实测：更新等于按微批次均值的均值算出的更新（accelerator.backward 把每个平均损失除以 k）；"
+        "Accelerate 文档中最基本的循环（每个微批次 accelerator.backward(loss)）不传 token 数",
     "no thread found for the scale (unexplained). Measured: the update is 2/4 of the truth's: "
     "the 2 micro-batches of the last window are each divided by the configured k = 4. "
     "accelerate #1847 (closed, documentation) says only that the last batch of the DataLoader "
@@ -209,14 +228,14 @@ TRANSLATED = {
         "train_loss 是它自己 2 个微批次均值的均值（self.log 的 sync_dist 默认关闭）",
     "no thread found in transformers (unexplained upstream). Measured: the cross-entropy part "
     "of the update matches (num_items_in_batch), but each micro-batch's load-balancing term is "
-    "added unscaled, so the auxiliary part weighs 4.01 times the large batch's (k = 4) and the "
+    "added unscaled, so the auxiliary part weighs about 4 times the large batch's (k = 4) and the "
     "logged loss carries it 4 times; NeMo AutoModel fixed the same mechanism in its own loop "
     "(NVIDIA-NeMo/Automodel PR #3359); transformers #48690 (open) is its 2-rank relative, the "
     "term multiplied by the world size":
         "在 transformers 中没有找到上游讨论（原因不明）。实测：更新的交叉熵部分一致"
         "（num_items_in_batch），但每个微批次的负载均衡项都未经缩放地加进来，所以辅助部分的权重"
-        "是大批次的 4.01 倍（k = 4），记录的损失也把它计了 4 次；NeMo AutoModel 在它自己的循环"
-        "里修复过同一机制（NVIDIA-NeMo/Automodel PR #3359）；transformers #48690（未解决）是它在 "
+        "约是大批次的 4 倍（k = 4），记录的损失也把它计了 4 次；NeMo AutoModel 在它自己的循环"
+        "里修复过同样的问题（NVIDIA-NeMo/Automodel PR #3359）；transformers #48690（未解决）是它在 "
         "2 个进程上的同类问题：这一项被乘以进程数",
     # threads read that are not a cell
     "open: under nn.DataParallel (n_gpu > 1 in one process) each replica divides its summed "
@@ -225,16 +244,19 @@ TRANSLATED = {
     "#40610, #40747, #41530 and #42150 were closed unmerged. Not a cell: DataParallel needs "
     "several GPUs in one process; the table's ranks are CPU processes":
         "未解决：在 nn.DataParallel 下（一个进程里 n_gpu > 1），每个副本把自己的求和损失除以整个"
-        "批次的计数，training_step 再对各副本取平均，所以损失只有均值的 1/n_gpu；固定版本 5.23.0 "
+        "批次的 token 数，training_step 再对各副本取平均，所以损失只有均值的 1/n_gpu；固定版本 5."
+        "23.0 "
         "的源码仍然两步都做（读过源码），修复 PR #40610、#40747、#41530 和 #42150 都未合并即关闭"
-        "。不是单元格：DataParallel 需要一个进程里有多块 GPU；本表的进程都是 CPU 进程",
+        "。未列为单元格：DataParallel 需要一个进程里有多块 GPU；本表的进程都是 CPU 进程",
     "merged, fixes #43899 (the Trainer ignored sync_each_batch in AcceleratorConfig's "
     "gradient_accumulation_kwargs): first released in transformers 5.2.0 (5.1.0's trainer.py "
     "does not read it), and the pinned 5.23.0 reads it. Not a cell: it changes when DDP "
     "all-reduces the gradients, not what is summed (not measured here)":
         "已合并，修复 #43899（`Trainer` 忽略了 AcceleratorConfig 的 gradient_accumulation_kwargs "
-        "里的 sync_each_batch）：首次发布于 transformers 5.2.0（5.1.0 的 trainer.py 不读它），"
-        "固定版本 5.23.0 读它。不是单元格：它改变的是 DDP 何时对梯度做全规约，而不是求和的内容"
+        "里的 sync_each_batch）：首次发布于 transformers 5.2.0（5.1.0 的 trainer.py 不读取这个参"
+        "数），"
+        "固定版本 5.23.0 会读取它。未列为单元格：它改变的是 DDP 何时对梯度做全规约，而不是求和的"
+        "内容"
         "（本表未测量）",
     "open: with DeepSpeed, accelerator.backward runs the engine's backward and step, and the "
     "engine keeps its own accumulation boundary, which may disagree with Accelerate's "
@@ -245,30 +267,32 @@ TRANSLATED = {
         "`step()`，而引擎有"
         "自己的累积边界，可能与 Accelerate 的 sync_gradients 不一致；accelerate PR #3630（已合并"
         "；首次出现在 1.8.0，它的 deepspeed.py 有这段，1.7.0 的没有）按 sync_gradients 设置引擎"
-        "的边界，固定版本 1.15.0 也是如此。不是单元格：DeepSpeed 不是本表的一列（见下）",
+        "的边界，固定版本 1.15.0 也是如此。未列为单元格：DeepSpeed 不是本表的一列（见下）",
     "closed: GRPOTrainer appends its loss-path metrics (policy_loss, entropy) once per "
     "micro-batch and log() averages the entries, so windows of different sizes (an epoch's "
     "short last one) weigh by their micro-batch count; its PR #7053 was closed unmerged, and "
     "the pinned 1.16.0 still appends policy_loss once per micro-batch (read). Not a cell: it is "
-    "about GRPO's logged metrics, and the GRPO row is not run":
+    "about GRPO's logged metrics, and the GRPO table measures the update only":
         "已关闭：GRPOTrainer 的损失相关指标（policy_loss、entropy）每个微批次追加一次，log() 再对"
-        "这些条目取平均，所以大小不同的窗口（一个 epoch 最后那个较短的窗口）按微批次数加权；它的 "
+        "这些条目取平均，所以大小不同的窗口（一个 epoch 最后一个不满的窗口）按微批次数加权；它的 "
         "PR #7053 未合并即关闭，固定版本 1.16.0 仍每个微批次追加一次 policy_loss（读过源码）。"
-        "不是单元格：它讲的是 GRPO 记录的指标，而 GRPO 那一行未运行",
+        "未列为单元格：它讲的是 GRPO 记录的指标，而 GRPO 表只测量更新",
     "open: skip the gradient scaling when accumulation is 1; a reviewer shows that the "
     "distributed recipe scales the loss by the rank's own token count and the gradients by the "
     "world size over the global count, which cancel only when every rank holds the same "
     "tokens. Not a cell: torchtune does not run here (below)":
-        "仍开放：累积步数为 1 时跳过梯度缩放；一位审阅者指出，分布式配方把损失按本进程的 token "
-        "数缩放、把梯度按进程数除以全局 token 数缩放，两者只有在每个进程的 token 数相同时才相互"
-        "抵消。不是单元格：torchtune 在这里跑不起来（见下）",
+        "尚未合并：累积步数为 1 时跳过梯度缩放；一位审阅者指出，分布式配方把损失按本进程的 "
+        "token 数缩放、把梯度乘以“进程数 / 全局 token 数”，两者只有在每个进程的 token 数相同时"
+        "才相互抵消。未列为单元格：torchtune 在这里跑不起来（见下）",
     "open: with average_tokens_across_devices the Trainer multiplies Qwen3-MoE's whole loss, "
     "its router load-balancing term included, by the world size, so that term grows with the "
-    "ranks; its fix PR #48691 is open. Not a cell: the MoE column runs one process (its "
+    "ranks; its fix PRs #48691 and #48706 are open. Not a cell: the MoE column runs one process ("
+    "its "
     "accumulation counterpart is the Trainer × moe_aux cell)":
-        "未解决：设置 average_tokens_across_devices 时，`Trainer` 把 Qwen3-MoE 的整个损失（包括"
-        "路由器的负载均衡项）乘以进程数，于是这一项随进程数增长；修复 PR #48691 仍开放。不是单元"
-        "格：MoE 这一列只跑一个进程（它在累积上的对应是 `Trainer` × moe_aux 单元格）",
+        "未解决：开启 average_tokens_across_devices 时，`Trainer` 把 Qwen3-MoE 的整个损失（包括"
+        "路由器的负载均衡项）乘以进程数，于是这一项随进程数增长；修复 PR #48691 和 #48706 尚未合"
+        "并。未列为单元"
+        "格：MoE 这一列只跑一个进程（与之对应的累积情形是 `Trainer` × moe_aux 单元格）",
 }
 
 _MOE_MEAN = (
@@ -283,17 +307,17 @@ _MOE_MEAN_ZH = (
     "这是设计上的选择，不是缺陷：框架取每个微批次各自的负载均衡损失，"
     "MoE 训练框架通常都这样做（Qiu 等，2025；他们改为在全局批次上同步路由计数）。"
     "实测：交叉熵部分一致，辅助部分的权重也与大批次相同（1.00），"
-    "但它是 4 个微批次负载均衡梯度的均值，与窗口的相差 30%：这个损失是两个批均值的乘积，任何按"
-    "微批次的缩放都给不出窗口的值（笔记本 08 第 2 节：用窗口的路由计数才行）")
+    "但它是 4 个微批次负载均衡梯度的均值，与整个窗口的负载均衡梯度相差 30%：这个损失是两个"
+    "批均值的乘积，无论怎样按微批次缩放，都得不到窗口的值（笔记本 08 第 2 节：用窗口的路由计数才"
+    "行）")
 TRANSLATED["paper (ACL 2025): MoE training frameworks compute the load-balancing loss within "
            "each micro-batch; the authors sync the experts' selection frequencies across "
            "micro-batches to compute it over the global batch, and report lower perplexity and "
            "more specialised experts"] = (
     "论文（ACL 2025）：MoE 训练框架通常在每个微批次内计算负载均衡损失；"
-    "作者在各微批次之间同步专家被选中的频率，在全局批次上计算它，并报告困惑度更低、专家更专门化")
-_LOGGED_SMALL = ("; the logged loss matches within the tolerance only because the coefficient "
-                 "(0.001) makes the load-balancing gap small")
-_LOGGED_SMALL_ZH = "；记录的损失在容差内一致，只是因为系数（0.001）让负载均衡的差距很小"
+    "作者在各微批次之间同步专家被选中的频率，在全局批次上计算它，并报告困惑度更低、专家分工更明确")
+_LOGGED_SMALL = "; the logged loss is within the tolerance (1e-6) of the window's true mean"
+_LOGGED_SMALL_ZH = "；记录的损失与窗口真实均值之差在容差（1e-6）以内"
 TRANSLATED |= {
     _MOE_MEAN: _MOE_MEAN_ZH,
     _MOE_MEAN + _LOGGED_SMALL: _MOE_MEAN_ZH + _LOGGED_SMALL_ZH,
@@ -301,4 +325,32 @@ TRANSLATED |= {
     "loss_type is ForCausalLM, so its count is right" + _LOGGED_SMALL:
         _MOE_MEAN_ZH + "；SFTTrainer 把这一项除以累积步数，且 Qwen3-MoE 的 loss_type 是 "
         "ForCausalLM，所以它的 token 计数正确" + _LOGGED_SMALL_ZH,
+}
+
+# the GRPO table (December 2026)
+TRANSLATED |= {
+    "open: asks why GRPO trains worse with gradient accumulation; a comment reads the bnpo "
+    "branch (each micro-batch's summed token loss over its own token count) as still differing "
+    "from the large batch under accumulation":
+        "未解决：提问者问为什么开启梯度累积后 GRPO 训练变差；一条评论读了 bnpo 分支（每个微批次"
+        "的求和 token 损失除以它自己的 token 数），认为它在累积下仍与大批次不同",
+    "documented: GRPOConfig's loss_type docstring says bnpo normalises over the local batch "
+    "only, so results may vary with the local batch size at a constant effective batch size. "
+    "Measured: each micro-batch's token mean divided by k weighs the tokens of micro-batch i by "
+    "1/(4 n_i), n_i its completion tokens, instead of 1/N, N the window's, so the tokens of the "
+    "micro-batches with fewer tokens weigh more":
+        "有文档说明：GRPOConfig 中 loss_type 的文档字符串说 bnpo 只在本地批次上归一化，所以在"
+        "有效批大小不变时结果可能随本地批大小变化。实测：每个微批次的 token 均值再除以 k，使微"
+        "批次 i 的 token 权重为 1/(4 n_i)（n_i 是它的补全 token 数），而不是 1/N（N 是窗口的），"
+        "于是 token 较少的微批次里的 token 权重更大",
+    "Measured: a match. Why (read in the source): each micro-batch's mean over its sequences, "
+    "divided by k, is the large batch's mean over sequences because every micro-batch holds 2 "
+    "sequences":
+        "实测：一致。原因（读源码）：每个微批次对其序列取平均再除以 k，等于大批次对序列的平均，"
+        "因为每个微批次都有 2 条序列",
+    "Measured: a match. Why (read in the source): each micro-batch's sum over (its 2 sequences "
+    "× max_completion_length), divided by k, is the large batch's sum over (8 × "
+    "max_completion_length)":
+        "实测：一致。原因（读源码）：每个微批次的和除以（它的 2 条序列 × "
+        "max_completion_length）再除以 k，等于大批次的和除以（8 × max_completion_length）",
 }
