@@ -289,11 +289,15 @@ _ENGLISH = {
         "`benchmarks/deepspeed_cpu.txt`): a full float32 window matches (2.5e-07), a partial "
         "last window makes no optimizer step (its gradient is carried into the next window), "
         "and it refuses float64 gradients, so it is not a column of this float64 table. "
-        "**torchtune 0.6.1 did not run**: it fails to import, asking torchao for "
-        "`torchao.dtypes.nf4tensor`, which torchao 0.18.0, the newest, no longer has. "
-        "**torchtitan 0.3.0 did not run**: its trainer imports triton, and with no accelerator "
-        "it falls back to the CUDA device; its source divides each micro-batch's summed loss "
-        "by the window's global token count (read, not measured)."),
+        "**torchtune 0.6.1 did not import** with torchao 0.18.0, the newest: it asks for "
+        "`torchao.dtypes.nf4tensor`, which torchao 0.17.0 has and 0.18.0 no longer has; with "
+        "torchao 0.17.0 it imports, and no torchtune recipe was run "
+        "(`benchmarks/torchtune_torchtitan_cpu.txt`). **torchtitan 0.3.0 did not run** (same "
+        "file): importing its trainer needs triton, and with triton installed and no "
+        "accelerator it picks the CUDA device and stops at `torch.cuda.set_device`; its "
+        "source (read, not run) divides each micro-batch's summed loss by the number of "
+        "tokens the loss does not ignore in the whole window, summed over the data-parallel "
+        "ranks."),
 }
 
 

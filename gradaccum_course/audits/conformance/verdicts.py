@@ -250,7 +250,8 @@ CHECKED: tuple[Thread, ...] = (
      "open: skip the gradient scaling when accumulation is 1; a reviewer shows that the "
      "distributed recipe scales the loss by the rank's own token count and the gradients by "
      "the world size over the global count, which cancel only when every rank holds the same "
-     "tokens. Not a cell: torchtune does not run here (below)"),
+     "tokens. Not a cell: torchtune is not a column (below: it does not import with the newest "
+     "torchao)"),
     ("transformers #48690", f"{_TRANSFORMERS}/issues/48690",
      "open: with average_tokens_across_devices the Trainer multiplies Qwen3-MoE's whole loss, "
      "its router load-balancing term included, by the world size, so that term grows with the "

@@ -64,10 +64,13 @@ WORDS = {
         "0.19.8 跑起来了**（用它的 CPU 加速器和 gloo，不编译它的算子；"
         "`scripts/try_deepspeed_cpu.py`、`benchmarks/deepspeed_cpu.txt`）：一个完整的 float32 "
         "窗口一致（2.5e-07），最后一个不满的窗口不做优化器更新（它的梯度被带进下一个窗口），且它"
-        "拒绝 float64 梯度，所以不是这张 float64 表的一列。**torchtune 0.6.1 没有跑起来**：导入"
-        "失败，它要从 torchao 导入 `torchao.dtypes.nf4tensor`，而最新的 torchao 0.18.0 已没有这个"
-        "模块。**torchtitan 0.3.0 没有跑起来**：它的 trainer 导入 triton，没有加速器时退回 CUDA "
-        "设备；它的源码把每个微批次的求和损失除以窗口的全局 token 数（读过源码，未测量）。"),
+        "拒绝 float64 梯度，所以不是这张 float64 表的一列。**torchtune 0.6.1 配最新的 torchao "
+        "0.18.0 导入失败**：它要导入 `torchao.dtypes.nf4tensor`，torchao 0.17.0 有这个模块，"
+        "0.18.0 已经没有；配 torchao 0.17.0 可以导入，但没有运行 torchtune 的任何训练流程"
+        "（`benchmarks/torchtune_torchtitan_cpu.txt`）。**torchtitan 0.3.0 没有跑起来**（同一"
+        "文件）：导入它的 trainer 需要 triton；装上 triton 后，由于没有加速器，它选用 CUDA 设备，"
+        "在 `torch.cuda.set_device` 处报错；它的源码（读过源码，未运行）把每个微批次的求和损失"
+        "除以整个窗口里未被损失忽略的 token 数，这个数对所有数据并行进程求和。"),
 }
 
 #: English sentence -> its Chinese
@@ -280,10 +283,11 @@ TRANSLATED = {
     "open: skip the gradient scaling when accumulation is 1; a reviewer shows that the "
     "distributed recipe scales the loss by the rank's own token count and the gradients by the "
     "world size over the global count, which cancel only when every rank holds the same "
-    "tokens. Not a cell: torchtune does not run here (below)":
+    "tokens. Not a cell: torchtune is not a column (below: it does not import with the newest "
+    "torchao)":
         "尚未合并：累积步数为 1 时跳过梯度缩放；一位审阅者指出，分布式配方把损失按本进程的 "
         "token 数缩放、把梯度乘以“进程数 / 全局 token 数”，两者只有在每个进程的 token 数相同时"
-        "才相互抵消。未列为单元格：torchtune 在这里跑不起来（见下）",
+        "才相互抵消。未列为单元格：torchtune 不是本表的一列（见下：用最新的 torchao 时它无法导入）",
     "open: with average_tokens_across_devices the Trainer multiplies Qwen3-MoE's whole loss, "
     "its router load-balancing term included, by the world size, so that term grows with the "
     "ranks; its fix PRs #48691 and #48706 are open. Not a cell: the MoE column runs one process ("
