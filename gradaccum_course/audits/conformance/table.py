@@ -234,8 +234,9 @@ _ENGLISH = {
         "held against the large batch's update "
         "computed by the library's ground truth (`full_batch_gradients`): a cell is the "
         "update's relative error, and beside it the loss the framework logs against the "
-        "window's true mean token loss. ✅ is a match (relative error ≤ {tolerance}), ❌ a "
-        "deviation, linked to its upstream thread and to the program that reproduces it, or "
+        "window's true mean token loss (in `moe_aux`, plus its load-balancing term). "
+        "✅ is a match (relative error ≤ {tolerance}), ❌ a deviation, linked to its upstream "
+        "thread (or a paper) and to the program that reproduces it, or "
         "\"unexplained\" where no thread was found."),
     "pinned": (
         "Pinned versions: {versions}. Written by `make conformance` "

@@ -5,6 +5,8 @@ here, so an English sentence changed without its Chinese stops ``make conformanc
 
 from __future__ import annotations
 
+from .verdicts import NOTES
+
 __all__ = ["TRANSLATED", "WORDS"]
 
 #: the page's own words, by key (the English page's are in table.py's ``_ENGLISH``)
@@ -14,8 +16,10 @@ WORDS = {
         "每个框架的梯度累积路径都按其文档的写法，在一个小 GPT-2 上跑一次优化器更新（float64，"
         "SGD；`moe_aux` 一列用一个小 Qwen3-MoE），再与本库的基准真值（`full_batch_gradients`）"
         "算出的大批次更新对比：每个单元格是"
-        "这次更新的相对误差，旁边是框架记录的损失与窗口真实平均 token 损失的对比。✅ 表示一致"
-        "（相对误差 ≤ {tolerance}），❌ 表示偏差，并链接上游讨论（issue）和复现程序；找不到"
+        "这次更新的相对误差，旁边是框架记录的损失与窗口真实平均 token 损失"
+        "（`moe_aux` 中再加上负载均衡项）的对比。✅ 表示一致"
+        "（相对误差 ≤ {tolerance}），❌ 表示偏差，并链接上游讨论（issue，或一篇论文）和复现程序；"
+        "找不到"
         "讨论的写作“原因不明”。"),
     "pinned": (
         "固定版本：{versions}。由 `make conformance`（`gradaccum_course/audits/conformance/`）"
@@ -299,14 +303,6 @@ TRANSLATED = {
         "格：MoE 这一列只跑一个进程（与之对应的累积情形是 `Trainer` × moe_aux 单元格）",
 }
 
-_MOE_MEAN = (
-    "a design choice, not a bug: the framework takes each micro-batch's load-balancing loss, "
-    "as MoE training frameworks usually do (Qiu et al. 2025, who sync the routed counts over "
-    "the global batch instead). Measured: the cross-entropy part matches and the auxiliary "
-    "part has the large batch's weight (1.00), but it is the mean of the 4 micro-batches' "
-    "load-balancing gradients, 30% off the window's: the loss is a product of two batch means, "
-    "so no per-micro-batch scale gives the window's (notebook 08 §2: the window's routed "
-    "counts do)")
 _MOE_MEAN_ZH = (
     "这是设计上的选择，不是缺陷：框架取每个微批次各自的负载均衡损失，"
     "MoE 训练框架通常都这样做（Qiu 等，2025；他们改为在全局批次上同步路由计数）。"
@@ -320,13 +316,11 @@ TRANSLATED["paper (ACL 2025): MoE training frameworks compute the load-balancing
            "more specialised experts"] = (
     "论文（ACL 2025）：MoE 训练框架通常在每个微批次内计算负载均衡损失；"
     "作者在各微批次之间同步专家被选中的频率，在全局批次上计算它，并报告困惑度更低、专家分工更明确")
-_LOGGED_SMALL = "; the logged loss is within the tolerance (1e-6) of the window's true mean"
 _LOGGED_SMALL_ZH = "；记录的损失与窗口真实均值之差在容差（1e-6）以内"
-TRANSLATED |= {
-    _MOE_MEAN: _MOE_MEAN_ZH,
-    _MOE_MEAN + _LOGGED_SMALL: _MOE_MEAN_ZH + _LOGGED_SMALL_ZH,
-    _MOE_MEAN + "; SFTTrainer divides the term by the accumulation steps, and Qwen3-MoE's "
-    "loss_type is ForCausalLM, so its count is right" + _LOGGED_SMALL:
+TRANSLATED |= {  # the notes of the MoE cells, by their cells (verdicts.NOTES)
+    NOTES[("accelerate", "moe_aux")]: _MOE_MEAN_ZH,
+    NOTES[("lightning", "moe_aux")]: _MOE_MEAN_ZH + _LOGGED_SMALL_ZH,
+    NOTES[("trl", "moe_aux")]:
         _MOE_MEAN_ZH + "；SFTTrainer 把这一项除以累积步数，且 Qwen3-MoE 的 loss_type 是 "
         "ForCausalLM，所以它的 token 计数正确" + _LOGGED_SMALL_ZH,
 }
