@@ -109,8 +109,8 @@ check-profiles: $(STAMP)
 
 # The conformance table (issue 50): each framework's accumulation path x each scenario against
 # the ground truth: docs/conformance/ (JSON, heat-map) and the pages docs/conformance.md and
-# docs/zh/conformance.md (about 50 s), then every cell asserted at the pinned versions and each
-# deviation's program run (tests/test_conformance.py in full: about 2.5 min in all on 2 cores)
+# docs/zh/conformance.md (about 65 s), then every cell asserted at the pinned versions and each
+# deviation's program run (tests/test_conformance.py in full: about 3.5 min in all on 2 cores)
 conformance: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m gradaccum_course.audits.conformance --out docs/conformance
 	GRADACCUM_CONFORMANCE_FULL=1 OMP_NUM_THREADS=1 $(PY) -m pytest -q tests/test_conformance.py
