@@ -89,12 +89,12 @@ def accumulate_window(
                      autocast_dtype)
     group = getattr(model, "process_group", None)  # DDP's group; None: the default one
     world_size = dist.get_world_size(group) if dist.is_initialized() else 1
-    on_totals = _totals_placement(model, group, world_size)  # the counts' dtype and device
+    device = next(model.parameters()).device
     # made once, entered every micro-step (a disabled torch.autocast still costs its entry)
-    amp = (torch.autocast(next(model.parameters()).device.type, autocast_dtype)
-           if autocast_dtype is not None else contextlib.nullcontext())
+    amp = (torch.autocast(device.type, autocast_dtype) if autocast_dtype is not None
+           else contextlib.nullcontext())
     optimizer.zero_grad(set_to_none=True)
-    # each micro-batch's summed loss (detached) and items: tensors, so nothing waits for them
+    # each micro-batch's summed loss (detached) and items (a number or a tensor), unread
     losses, counts = [], []
     totals, work = torch.zeros(3), None  # set at the last micro-step: a window is never empty
     for micro_step, micro_batch in enumerate(window):
@@ -105,13 +105,10 @@ def accumulate_window(
                 summed_loss, num_items = loss_pair(loss_fn(model, micro_batch), micro_step,
                                                    for_backward=True)
             losses.append(summed_loss.detach())
-            counts.append(torch.as_tensor(num_items, **on_totals))
+            counts.append(num_items)
             if last:  # every count is known: the totals in one collective, run while the
-                # last backward runs: items, summed loss and the counts' negative part (not 0
-                # if a count is negative or NaN; an infinite count makes items infinite)
-                totals = torch.stack([torch.stack(counts).sum(),
-                                      torch.stack(losses).to(**on_totals).sum(),
-                                      torch.stack(counts).clamp(max=0).sum()])
+                # last backward runs, on the device the group reduces on (nccl: the GPU)
+                totals = _window_totals(losses, counts, device, group, world_size)
                 work = (dist.all_reduce(totals, group=group, async_op=True) if world_size > 1
                         else None)
             (summed_loss if scaler is None else scaler.scale(summed_loss)).backward()
@@ -148,16 +145,33 @@ def accumulate_window(
     return WindowResult(items, loss_sum / items, grad_norm, stepped)
 
 
-def _totals_placement(model: nn.Module, group: dist.ProcessGroup | None,
+def _totals_placement(device: torch.device, group: dist.ProcessGroup | None,
                       world_size: int) -> dict[str, object]:
     """Return the dtype and device of the window's totals, as keywords. The device is the one
     the process group reduces on: with nccl, the current CUDA device, even when FSDP2 offloads
-    the parameters to the CPU; otherwise the parameters'. The dtype is float64 (counts exact
-    past 2**24 items), float32 on MPS, which has no float64."""
-    device = next(model.parameters()).device
+    the parameters to the CPU; otherwise the parameters' (``device``). The dtype is float64
+    (counts exact past 2**24 items), float32 on MPS, which has no float64."""
     if world_size > 1 and dist.get_backend(group) == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
     return {"dtype": torch.float32 if device.type == "mps" else torch.float64, "device": device}
+
+
+def _window_totals(losses: list[Tensor], counts: list[Tensor | float], device: torch.device,
+                   group: dist.ProcessGroup | None, world_size: int) -> Tensor:
+    """Return this rank's totals of the window, one tensor for one all-reduce, on the device
+    its process group reduces on (:func:`_totals_placement`): items, summed loss, and the
+    counts' negative part (not 0 if a count is negative or NaN; an infinite count makes items
+    infinite). Counts that are numbers add up on the host; nothing is read from the device,
+    and no copy from the host waits for it (``torch.full`` is a fill)."""
+    placement = _totals_placement(device, group, world_size)
+    loss = torch.stack(losses).sum(dtype=placement["dtype"]).to(placement["device"])
+    if all(isinstance(count, float) for count in counts):  # loss_pair made numbers floats
+        items = sum(counts, 0.0)  # not math.fsum: an overflow must give inf, not raise
+        bad = sum((count for count in counts if not count >= 0), 0.0)  # NaN is not >= 0
+        return torch.stack([torch.full((), items, **placement), loss,
+                            torch.full((), bad, **placement)])
+    counts = torch.stack([torch.as_tensor(count, **placement) for count in counts])
+    return torch.stack([counts.sum(), loss, counts.clamp(max=0).sum()])
 
 
 def _gradient_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
@@ -191,7 +205,8 @@ def _check_arguments(model: object, optimizer: object, window: object,  # noqa: 
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer; got "
                         f"{type(optimizer).__name__}")
-    owned = {id(p) for p in model.parameters()}
+    parameters = list(model.parameters())
+    owned = {id(p) for p in parameters}
     strangers = sum(id(p) not in owned for g in optimizer.param_groups for p in g["params"])
     if strangers:
         raise ValueError(f"optimizer holds {strangers} parameter(s) that are not the "
@@ -221,8 +236,8 @@ def _check_arguments(model: object, optimizer: object, window: object,  # noqa: 
     if autocast_dtype not in (None, torch.bfloat16, torch.float16):
         raise ValueError("autocast_dtype must be None, torch.bfloat16 or torch.float16; got "
                          f"{autocast_dtype!r}")
-    device_type = next(model.parameters()).device.type
-    if autocast_dtype == torch.float16 and device_type == "cuda" and scaler is None:
+    on_cuda = parameters[0].device.type == "cuda"
+    if autocast_dtype == torch.float16 and on_cuda and scaler is None:
         raise ValueError("autocast_dtype=torch.float16 on CUDA needs scaler="
                          "torch.amp.GradScaler('cuda'): fp16 gradients underflow without it")
     group = getattr(model, "process_group", None)  # DDP's group; None: the default one

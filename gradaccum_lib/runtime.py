@@ -253,12 +253,13 @@ def check_model(model: object) -> None:
     (the loop and the ground truth both refuse a mix, naming two parameters)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
-    if not any(p.requires_grad for p in model.parameters()):
+    trainable, dtypes = False, {}  # one pass: the loop calls this every window
+    for name, parameter in model.named_parameters():
+        trainable = trainable or parameter.requires_grad
+        dtypes.setdefault(parameter.dtype, name)
+    if not trainable:
         raise ValueError(f"model ({type(model).__name__}) has no trainable parameters; "
                          "there is nothing to accumulate")
-    dtypes: dict[torch.dtype, str] = {}
-    for name, parameter in model.named_parameters():
-        dtypes.setdefault(parameter.dtype, name)
     if len(dtypes) > 1:
         (first, first_name), (second, second_name) = list(dtypes.items())[:2]
         raise ValueError(

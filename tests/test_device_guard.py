@@ -15,14 +15,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOP = ROOT / "gradaccum_lib" / "accumulation.py"
-COUNT = "counts.append(torch.as_tensor(num_items, **on_totals))"
+COUNT = "torch.full((), items, **placement)"
 
 GUARD = """\
 import importlib.util, json, sys
@@ -83,21 +82,10 @@ def test_the_loop_hands_collectives_tensors_on_the_models_device(tmp_path):
 
 def test_a_copy_with_its_count_tensor_on_the_default_device_fails_the_guard(tmp_path):
     source = LOOP.read_text()
-    assert source.count(COUNT) == 1  # the one count tensor the loop builds from a number
-    result = _guarded(source.replace(COUNT, COUNT.replace("**on_totals", "dtype=torch.float64")),
+    assert source.count(COUNT) == 1  # the one count tensor the loop builds from numbers
+    result = _guarded(source.replace(COUNT, COUNT.replace("**placement", "dtype=torch.float64")),
                       tmp_path)
     assert result != "ok" and "meta" in result, result
-
-
-class _OnDevice(torch.nn.Module):
-    """A stand-in whose one parameter claims ``device``: what the placement reads of a model."""
-
-    def __init__(self, device: str) -> None:
-        super().__init__()
-        self.device = torch.device(device)
-
-    def parameters(self, recurse: bool = True):  # noqa: ANN201
-        yield types.SimpleNamespace(device=self.device)
 
 
 def test_the_totals_follow_the_backend_not_the_parameters(monkeypatch):
@@ -106,7 +94,7 @@ def test_the_totals_follow_the_backend_not_the_parameters(monkeypatch):
     device is here: the placement is read, no tensor is made."""
     from gradaccum_lib import accumulation
 
-    cpu = _OnDevice("cpu")
+    cpu = torch.device("cpu")
     assert accumulation._totals_placement(cpu, None, 1) == {"dtype": torch.float64,
                                                              "device": torch.device("cpu")}
     monkeypatch.setattr(accumulation.dist, "get_backend", lambda group=None: "nccl")
@@ -115,5 +103,5 @@ def test_the_totals_follow_the_backend_not_the_parameters(monkeypatch):
     assert accumulation._totals_placement(cpu, None, 1)["device"] == torch.device("cpu")
     monkeypatch.setattr(accumulation.dist, "get_backend", lambda group=None: "gloo")
     assert accumulation._totals_placement(cpu, None, 2)["device"] == torch.device("cpu")
-    assert accumulation._totals_placement(_OnDevice("mps"), None, 1) == {
+    assert accumulation._totals_placement(torch.device("mps"), None, 1) == {
         "dtype": torch.float32, "device": torch.device("mps")}

@@ -178,7 +178,7 @@ def _raises(statement: ast.stmt) -> bool:
 
 def test_a_window_reads_the_loop_and_at_most_its_sync_helper():
     """Following a window to ``optimizer.step()`` reads accumulate_window and, of the
-    module's other functions, the sync helper and the totals' placement only: the argument
+    module's other functions, the sync helper and the window's totals only: the argument
     checks run at the door, the rest only on the way to an error. The core's loop imports
     the loss contract and runtime's checks, nothing else."""
     engine = PACKAGE / "accumulation.py"
@@ -196,9 +196,9 @@ def test_a_window_reads_the_loop_and_at_most_its_sync_helper():
                   and id(node) not in on_error_paths}
     door = loop.body[1] if isinstance(loop.body[0].value, ast.Constant) else loop.body[0]
     assert getattr(door.value.func, "id", "") == "_check_arguments", "the door comes first"
-    # the sync helper, and where the window's totals live (a collective's tensors belong on the
-    # device its backend reduces on: where readers trip)
-    assert on_the_way == {"_check_arguments", "_gradient_sync", "_totals_placement"}, sorted(
+    # the sync helper, and the window's totals (a collective's tensors belong on the device its
+    # backend reduces on: where readers trip)
+    assert on_the_way == {"_check_arguments", "_gradient_sync", "_window_totals"}, sorted(
         on_the_way)
     assert called.count("_check_arguments") == 1
 

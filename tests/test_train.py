@@ -527,7 +527,7 @@ def test_the_recipes_own_path_to_the_first_micro_batch_is_short(tmp_path, capsys
                     root + "recipes"):
                 entry_points[name] = True
         if frame.f_back is not None and frame.f_back.f_code.co_name == "accumulate_window" \
-                and name[1] not in ("_check_arguments", "_totals_placement", "_gradient_sync"):
+                and name[1] not in ("_check_arguments", "_gradient_sync", "_window_totals"):
             raise _FirstMicroBatch(name[1])  # the loop's first call into the micro-batch
 
     sys.setprofile(profile)
