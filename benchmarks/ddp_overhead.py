@@ -2,7 +2,7 @@
 
 Exactness needs the global item count, and every exact peer pays one collective for it, so
 the library's loop is compared with the exact plain loop, not with nanoGPT's inexact one. Run
-by ``benchmarks/run.py`` under torchrun (2 gloo processes). The contenders share four
+by ``benchmarks/run.py`` under torchrun (2 gloo processes). The contenders share five
 DDP-wrapped copies of the same MLP (each with its AdamW), the same micro-batches:
 
 - ``library``: :func:`~gradaccum_lib.accumulation.accumulate_window`;
@@ -13,10 +13,12 @@ DDP-wrapped copies of the same MLP (each with its AdamW), the same micro-batches
 - ``plain``: the nanoGPT loop (DDP's all-reduce; it divides by k, so it is exact only when
   every rank's micro-batches hold the same number of samples): ``exact_plain / plain`` is the
   price of exactness;
-- ``exact_plain_copy``: the exact plain loop again (an A/A control: what a tie measures).
+- ``exact_plain_copy``: the exact plain loop again (an A/A control: what a tie measures);
+- ``library_no_norm``: the library's loop less its pass for the gradient's norm
+  (``run.without_gradient_norm``): what the non-finite-gradient check costs.
 
 What makes the A/A control resolve 1% (it spanned 0.958-1.038 with 121 rounds on fixed
-copies): the contenders trade the four copies every turn (``run.trading_copies``), so a copy's
+copies): the contenders trade the five copies every turn (``run.trading_copies``), so a copy's
 memory layout lands on every contender alike; ``--repeats`` rounds (400 by default: the
 median's error falls as 1 / sqrt(rounds)); ten warm-up rounds; each rank pinned to a core of
 its own, before its process group starts, so that gloo's threads stay there too, when the
@@ -54,11 +56,16 @@ from gradaccum_lib.workloads.data import make_toy_classification
 from gradaccum_lib.workloads.models import make_mlp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import trading_copies, warm_up  # noqa: E402 - benchmarks/run.py, beside this file
+from run import (  # noqa: E402 - benchmarks/run.py, beside this file
+    trading_copies,
+    warm_up,
+    without_gradient_norm,
+)
 
-CONTENDERS = ("library", "plain", "exact_plain", "exact_plain_copy")
+CONTENDERS = ("library", "library_no_norm", "plain", "exact_plain", "exact_plain_copy")
 #: JSON key: (numerator, denominator) of a paired ratio
 RATIOS = {"library_vs_exact_plain": ("library", "exact_plain"),
+          "library_no_norm_vs_exact_plain": ("library_no_norm", "exact_plain"),
           "exact_plain_vs_plain": ("exact_plain", "plain"),
           "exact_plain_copy_vs_exact_plain": ("exact_plain_copy", "exact_plain")}
 WARM_UP_ROUNDS = 10
@@ -115,8 +122,8 @@ def median_difference_us(a: Timing, b: Timing) -> float:
 
 
 def contenders(k: int, window: list, hidden_dim: int, windows_per_turn: int) -> dict:
-    """Return the four timed calls (one window each) for accumulation steps ``k``, trading
-    four DDP copies of the model every turn (see the module doc)."""
+    """Return the five timed calls (one window each) for accumulation steps ``k``, trading
+    five DDP copies of the model every turn (see the module doc)."""
     copies = [(model, torch.optim.AdamW(model.parameters(), lr=1e-4)) for model in (
         DistributedDataParallel(make_mlp(256, hidden_dim, 4, dtype=torch.float32))
         for _ in CONTENDERS)]
@@ -128,8 +135,12 @@ def contenders(k: int, window: list, hidden_dim: int, windows_per_turn: int) -> 
     def plain(model: DistributedDataParallel, optimizer: torch.optim.Optimizer) -> Callable:
         return bare_loop(model, optimizer, k, mean_loss)
 
-    makers = {"library": library, "plain": plain, "exact_plain": exact_plain_loop,
-              "exact_plain_copy": exact_plain_loop}
+    def library_no_norm(model: DistributedDataParallel, optimizer: torch.optim.Optimizer,
+                        ) -> Callable:
+        return without_gradient_norm(library(model, optimizer))
+
+    makers = {"library": library, "library_no_norm": library_no_norm, "plain": plain,
+              "exact_plain": exact_plain_loop, "exact_plain_copy": exact_plain_loop}
     return trading_copies(makers, copies, window, windows_per_turn)
 
 
@@ -168,7 +179,8 @@ def main() -> int:
             if ctx.is_main:
                 print(f"DDP k={k:2d}: library / exact plain loop "
                       f"{row['library_vs_exact_plain']:.3f} "
-                      f"({row['library_minus_exact_plain_us']:+.0f} µs); exact plain / nanoGPT "
+                      f"({row['library_minus_exact_plain_us']:+.0f} µs), without its norm "
+                      f"{row['library_no_norm_vs_exact_plain']:.3f}; exact plain / nanoGPT "
                       f"{row['exact_plain_vs_plain']:.3f}; A/A "
                       f"{row['exact_plain_copy_vs_exact_plain']:.3f}", flush=True)
         if ctx.is_main:

@@ -112,6 +112,21 @@ def library_loop(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Lo
 Loop = Callable[[Sequence[Batch]], object]
 
 
+def without_gradient_norm(run: Loop) -> Loop:
+    """Return ``run`` with ``torch.nn.utils.get_total_norm`` answering 0 while it runs: the
+    library's loop less its one pass for the gradient's norm (its non-finite-gradient check and
+    ``WindowResult.grad_norm``). A probe of what that pass costs, never a way to train: it would
+    step a NaN gradient."""
+    def call(window: Sequence[Batch]) -> object:
+        real = torch.nn.utils.get_total_norm
+        torch.nn.utils.get_total_norm = lambda tensors, *args, **kwargs: torch.zeros(())
+        try:
+            return run(window)
+        finally:
+            torch.nn.utils.get_total_norm = real
+    return call
+
+
 def trading_copies(makers: Mapping[str, Callable[[nn.Module, torch.optim.Optimizer], Loop]],
                    copies: Sequence[tuple[nn.Module, torch.optim.Optimizer]], window: list,
                    calls_per_turn: int = 1) -> dict[str, Callable[[], object]]:
@@ -147,27 +162,32 @@ def warm_up(calls: Mapping[str, Callable[[], object]], rounds: int, calls_per_tu
 
 def loop_overhead(name: str, make_model: Callable[[], nn.Module], batch: Batch, loss_fn: LossFn,
                   ks: Sequence[int], repeats: int, windows_per_turn: int = 1) -> list[dict]:
-    """Return, per k, the time of one optimizer step of each loop (the library's, bare
-    nanoGPT, the bare loop again (an A/A control: what a tie measures in this run),
-    Accelerate) on the same model, data and k; the paired ratios: the library's to the others,
-    the bare copy's to the bare loop; and the library's paired excess over the bare loop, µs
-    per window. A loop's turn is ``windows_per_turn`` consecutive windows, as in training
-    (``time_interleaved``'s ``calls_per_turn``). The library and the two bare loops trade
-    three model copies every turn (:func:`trading_copies`); Accelerate keeps the one it
-    prepared. ``make_model`` builds the model on the batch's device."""
+    """Return, per k, the time of one optimizer step of each loop (the library's, the
+    library's without its gradient norm (:func:`without_gradient_norm`), bare nanoGPT, the bare
+    loop again (an A/A control: what a tie measures in this run), Accelerate) on the same
+    model, data and k; the paired ratios: the library's to the others, the library's without
+    the norm and the bare copy's to the bare loop; and the library's paired excess over the
+    bare loop, µs per window. A loop's turn is ``windows_per_turn`` consecutive windows, as
+    in training (``time_interleaved``'s ``calls_per_turn``). The library's two loops and the
+    two bare loops trade four model copies every turn (:func:`trading_copies`); Accelerate
+    keeps the one it prepared. ``make_model`` builds the model on the batch's device."""
     rows = []
     for k in ks:
         window = split_into_micro_batches(batch, accumulation_steps=k)
         copies = [(model, torch.optim.AdamW(model.parameters(), lr=1e-4))
-                  for model in (make_model() for _ in range(3))]
+                  for model in (make_model() for _ in range(4))]
         def bare(model: nn.Module, optimizer: torch.optim.Optimizer, k: int = k) -> Loop:
             return bare_loop(model, optimizer, k, mean_loss)
 
         def library(model: nn.Module, optimizer: torch.optim.Optimizer) -> Loop:
             return library_loop(model, optimizer, loss_fn)
 
-        loops = trading_copies({"library": library, "bare": bare, "bare_copy": bare}, copies,
-                               window, windows_per_turn)
+        def library_no_norm(model: nn.Module, optimizer: torch.optim.Optimizer) -> Loop:
+            return without_gradient_norm(library_loop(model, optimizer, loss_fn))
+
+        loops = trading_copies({"library": library, "library_no_norm": library_no_norm,
+                                "bare": bare, "bare_copy": bare}, copies, window,
+                               windows_per_turn)
         model = make_model()
         run = accelerate_loop(model, torch.optim.AdamW(model.parameters(), lr=1e-4), k,
                               mean_loss)[0]
@@ -177,7 +197,8 @@ def loop_overhead(name: str, make_model: Callable[[], nn.Module], batch: Batch, 
                                    calls_per_turn=windows_per_turn)
         row = {"model": name, "k": k, "windows_per_turn": windows_per_turn,
                **{label: summary(t) for label, t in timings.items()}}
-        for a, b in (("library", "bare"), ("library", "accelerate"), ("bare_copy", "bare")):
+        for a, b in (("library", "bare"), ("library", "accelerate"), ("bare_copy", "bare"),
+                     ("library_no_norm", "bare")):
             row[f"{a}_vs_{b}"] = paired_ratio(timings[a], timings[b])
         pairs = zip(timings["library"].samples, timings["bare"].samples, strict=True)
         row["library_minus_bare_us"] = 1e6 * Timing(tuple(a - b for a, b in pairs)).median
@@ -369,16 +390,18 @@ def markdown(results: dict, out: Path = HERE) -> str:
              "### 1. Time per optimizer step: library loop vs bare loop vs Accelerate", "",
              "Ratios (and *library − bare*): the median over rounds of the two loops' times' "
              f"ratio (difference) in the same round; for the MLP each loop's turn is {mlp_turn} "
-             "consecutive windows. *Bare copy*: the bare loop again, a third contender, what "
-             "a tie measures in this run. The library and both bare loops trade three copies "
-             "of the model every turn; Accelerate keeps the one it prepared.", "",
-             "| model | k | library / bare | bare copy / bare | library / Accelerate | "
-             "library − bare, µs per window | library ms (min–max) |",
-             "|---|---|---|---|---|---|---|"]
+             "consecutive windows. *Bare copy*: the bare loop again, another contender, what "
+             "a tie measures in this run. *Without its norm*: the library's loop with "
+             "`get_total_norm` answering 0 (`without_gradient_norm`), what its one pass for "
+             "the non-finite-gradient check costs. These four trade four copies of the model "
+             "every turn; Accelerate keeps the one it prepared.", "",
+             "| model | k | library / bare | library without its norm / bare | bare copy / bare "
+             "| library / Accelerate | library − bare, µs per window | library ms (min–max) |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in results["loop_overhead"]:
         lib = row["library"]
         lines.append(f"| {row['model']} | {row['k']} | {row['library_vs_bare']:.3f} | "
-                     f"{row['bare_copy_vs_bare']:.3f} | "
+                     f"{row['library_no_norm_vs_bare']:.3f} | {row['bare_copy_vs_bare']:.3f} | "
                      f"{row['library_vs_accelerate']:.3f} | "
                      f"{row['library_minus_bare_us']:+.0f} | {1e3 * lib['median']:.2f} "
                      f"({1e3 * lib['min']:.2f}–{1e3 * lib['max']:.2f}) |")
@@ -419,16 +442,16 @@ def markdown(results: dict, out: Path = HERE) -> str:
               "loop", "",
               "Each window is timed after a barrier, "
               f"{'one window' if ddp_turn == 1 else f'{ddp_turn} consecutive windows'} a turn; "
-              "the four loops trade four DDP copies of the model every turn. *Exact plain*: "
+              "the five loops trade five DDP copies of the model every turn. *Exact plain*: "
               "the no_sync loop made exact torchtune-style (all-reduced item count, one foreach "
-              "rescale); over nanoGPT's (÷ k): the price of exactness. *A/A*: it again, as a "
-              "fourth contender. *Fixed cost*: the median over rounds of library − exact "
-              "plain.", "",
-              "| k | library / exact plain | exact plain / nanoGPT plain | A/A: exact plain "
-              "copy / exact plain | library's fixed cost, µs per window | library ms "
-              "(min–max) |", "|---|---|---|---|---|---|"]
-    ratios = ("library_vs_exact_plain", "exact_plain_vs_plain",
-              "exact_plain_copy_vs_exact_plain")
+              "rescale); over nanoGPT's (÷ k): the price of exactness. *A/A*: it again, as "
+              "another contender. *Without its norm*: the library's loop with `get_total_norm` "
+              "answering 0. *Fixed cost*: the median over rounds of library − exact plain.", "",
+              "| k | library / exact plain | library without its norm / exact plain | exact "
+              "plain / nanoGPT plain | A/A: exact plain copy / exact plain | library's fixed "
+              "cost, µs per window | library ms (min–max) |", "|---|---|---|---|---|---|---|"]
+    ratios = ("library_vs_exact_plain", "library_no_norm_vs_exact_plain",
+              "exact_plain_vs_plain", "exact_plain_copy_vs_exact_plain")
     for row in results.get("ddp_loop", []):
         library = row["library"]
         lines.append(f"| {row['k']} | {' | '.join(f'{row[key]:.3f}' for key in ratios)} | "

@@ -20,10 +20,10 @@ def test_quick_benchmark_writes_json_table_and_figure(tmp_path):
     overhead = results["loop_overhead"]
     assert {row["model"] for row in overhead} == {"MLP", "tiny BERT"}
     for row in overhead:
-        for loop in ("library", "bare", "bare_copy", "accelerate"):
+        for loop in ("library", "library_no_norm", "bare", "bare_copy", "accelerate"):
             assert 0 < row[loop]["min"] <= row[loop]["median"] <= row[loop]["max"]
         assert row["library_vs_bare"] > 0 and row["library_vs_accelerate"] > 0
-        assert row["bare_copy_vs_bare"] > 0 and "library_no_norm" not in row  # gone
+        assert row["bare_copy_vs_bare"] > 0 and row["library_no_norm_vs_bare"] > 0
         assert isinstance(row["library_minus_bare_us"], float)  # a difference: either sign
         assert row["windows_per_turn"] == (2 if row["model"] == "MLP" else 1)
     memory = results["activation_memory"]
@@ -48,10 +48,11 @@ def test_quick_benchmark_writes_json_table_and_figure(tmp_path):
     assert [row["k"] for row in loop_rows] == [1, 2, 4, 8, 16]
     for row in loop_rows:
         assert row["windows_per_turn"] == 1
-        for name in ("library", "plain", "exact_plain", "exact_plain_copy"):
+        for name in ("library", "library_no_norm", "plain", "exact_plain", "exact_plain_copy"):
             assert 0 < row[name]["min"] <= row[name]["median"] <= row[name]["max"]
         assert all(row[key] > 0 for key in (
-            "library_vs_exact_plain", "exact_plain_vs_plain", "exact_plain_copy_vs_exact_plain"))
+            "library_vs_exact_plain", "library_no_norm_vs_exact_plain", "exact_plain_vs_plain",
+            "exact_plain_copy_vs_exact_plain"))
         # the fixed cost per window, µs: either sign
         assert isinstance(row["library_minus_exact_plain_us"], float)
         assert "engine" not in row and "engine_vs_exact_plain" not in row  # gone
@@ -62,7 +63,8 @@ def test_quick_benchmark_writes_json_table_and_figure(tmp_path):
     assert "for the MLP each loop's turn is 2 consecutive windows" in readme
     assert "Each window is timed after a barrier, one window a turn;" in readme
     assert "### 6. DDP, 2 gloo processes: the library's loop against the exact plain loop" in readme
-    assert "the four loops trade four DDP copies of the model every turn" in readme
+    assert "the five loops trade five DDP copies of the model every turn" in readme
+    assert "| library without its norm / bare |" in readme
     assert "| library / exact plain |" in readme and "| exact plain / nanoGPT plain |" in readme
     assert "library − bare, µs per window" in readme and "carrying" not in readme
     assert "### 4. Tiny BERT at the article's record length (s = 256" in readme
@@ -188,3 +190,35 @@ def test_contenders_trade_their_copies_every_turn():
                     "c": ["copy 0", "copy 1", "copy 2"]}
     with pytest.raises(ValueError, match="one copy per contender: 3 contenders, 2 copies"):
         module.trading_copies({name: maker(name) for name in "abc"}, copies[:2], [])
+
+
+def test_the_probe_without_the_norm_drops_only_the_norm_and_gives_torch_back():
+    """``without_gradient_norm`` (the bench's "without its norm" contender): the library's
+    loop steps as it does, reports a norm of 0, and torch's get_total_norm is back after the
+    call, also when the call raises."""
+    import torch
+
+    from gradaccum_lib.losses import sample_classification_loss
+    from gradaccum_lib.workloads.data import make_toy_classification
+    from gradaccum_lib.workloads.models import make_mlp
+
+    module = load_script("benchmarks/run.py")
+    real = torch.nn.utils.get_total_norm
+    window = [make_toy_classification(6, 8, 3, seed=seed) for seed in (1, 2)]
+    probed, plain = make_mlp(8, 16, 3), make_mlp(8, 16, 3)
+    result = module.without_gradient_norm(module.library_loop(
+        probed, torch.optim.SGD(probed.parameters(), lr=0.5), sample_classification_loss))(window)
+    truth = module.library_loop(plain, torch.optim.SGD(plain.parameters(), lr=0.5),
+                                sample_classification_loss)(window)
+    assert result.grad_norm == 0 and truth.grad_norm > 0
+    assert torch.nn.utils.get_total_norm is real
+    assert all(torch.equal(a, b) for a, b in zip(probed.parameters(), plain.parameters(),
+                                                 strict=True))
+
+    def fails(_window):  # noqa: ANN001, ANN202
+        assert torch.nn.utils.get_total_norm is not real
+        raise RuntimeError("inside")
+
+    with pytest.raises(RuntimeError, match="inside"):
+        module.without_gradient_norm(fails)(window)
+    assert torch.nn.utils.get_total_norm is real
