@@ -124,6 +124,7 @@ def test_the_verdict_cites_the_committed_run():
     rows = {(row["model"], row["k"]): row for row in results["loop_overhead"]}
     checks = {  # verdict row -> [(ratio column, model), ...] in the order the row quotes them
         "MLP: library / bare loop": [("library_vs_bare", "MLP")],
+        "MLP: library without its norm / bare loop": [("library_no_norm_vs_bare", "MLP")],
         "tiny BERT: library / bare loop": [("library_vs_bare", "tiny BERT")],
         "library / 🤗 Accelerate": [("library_vs_accelerate", "MLP"),
                                    ("library_vs_accelerate", "tiny BERT")],
@@ -144,6 +145,7 @@ def test_the_verdict_cites_the_committed_run():
     ddp = {row["k"]: row for row in results["ddp_loop"]}
     for label, columns in {
         "DDP, 2 gloo ranks (MLP): library / exact plain loop": ["library_vs_exact_plain"],
+        "DDP: library without its norm / exact plain loop": ["library_no_norm_vs_exact_plain"],
         "DDP: exact plain / nanoGPT's inexact loop": ["exact_plain_vs_plain"],
     }.items():
         cells = _verdict_row(verdict, label).split(" | ")
