@@ -161,8 +161,8 @@ def _window_totals(losses: list[Tensor], counts: list[Tensor | float], device: t
     """Return this rank's totals of the window, one tensor for one all-reduce, on the device
     its process group reduces on (:func:`_totals_placement`): items, summed loss, and the
     counts' negative part (not 0 if a count is negative or NaN; an infinite count makes items
-    infinite). Counts that are numbers add up on the host; nothing is read from the device,
-    and no copy from the host waits for it (``torch.full`` is a fill)."""
+    infinite). Counts that are numbers add up on the host and go to the device as a fill
+    (``torch.full``: no copy waits for the device); nothing is read from the device."""
     placement = _totals_placement(device, group, world_size)
     loss = torch.stack(losses).sum(dtype=placement["dtype"]).to(placement["device"])
     if all(isinstance(count, float) for count in counts):  # loss_pair made numbers floats
@@ -170,8 +170,8 @@ def _window_totals(losses: list[Tensor], counts: list[Tensor | float], device: t
         bad = sum((count for count in counts if not count >= 0), 0.0)  # NaN is not >= 0
         return torch.stack([torch.full((), items, **placement), loss,
                             torch.full((), bad, **placement)])
-    counts = torch.stack([torch.as_tensor(count, **placement) for count in counts])
-    return torch.stack([counts.sum(), loss, counts.clamp(max=0).sum()])
+    stacked = torch.stack([torch.as_tensor(count, **placement) for count in counts])
+    return torch.stack([stacked.sum(), loss, stacked.clamp(max=0).sum()])
 
 
 def _gradient_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
@@ -253,7 +253,7 @@ def _check_arguments(model: object, optimizer: object, window: object,  # noqa: 
             "wrap it in DistributedDataParallel or shard it with fully_shard (FSDP2)")
 
 
-def _raise_bad_window(losses: list[Tensor], counts: list[Tensor], items: float,
+def _raise_bad_window(losses: list[Tensor], counts: list[Tensor | float], items: float,
                       bad: float) -> None:
     """Raise for a window with a non-finite loss, a bad count (``bad`` not 0, or ``items`` not
     finite) or no items, naming this rank's micro-batch when it holds the culprit (every rank

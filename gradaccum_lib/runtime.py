@@ -253,7 +253,8 @@ def check_model(model: object) -> None:
     (the loop and the ground truth both refuse a mix, naming two parameters)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
-    trainable, dtypes = False, {}  # one pass: the loop calls this every window
+    trainable = False  # one pass over the parameters: the loop calls this every window
+    dtypes: dict[torch.dtype, str] = {}
     for name, parameter in model.named_parameters():
         trainable = trainable or parameter.requires_grad
         dtypes.setdefault(parameter.dtype, name)
