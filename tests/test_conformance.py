@@ -338,3 +338,22 @@ def test_full_the_programs_run_as_modules_the_two_rank_one_included():
                                 capture_output=True, text=True, timeout=600, cwd=ROOT,
                                 check=False)
         assert result.returncode == 0 and "reproduced" in result.stdout, result.stdout[-2000:]
+
+
+def test_every_chinese_sentence_translates_one_the_committed_table_holds(committed):
+    """zh.TRANSLATED is keyed by the English it translates: a sentence the table no longer
+    holds is dead text, and an English edit without its Chinese raises (KeyError) at the page."""
+    from gradaccum_course.audits.conformance.zh import TRANSLATED
+
+    text = json.dumps(committed, ensure_ascii=False)
+    unused = [english for english in TRANSLATED
+              if json.dumps(english, ensure_ascii=False)[1:-1] not in text]
+    assert not unused, unused
+
+
+def test_the_trl_internals_the_grpo_run_overrides_still_exist():
+    """grpo.py feeds GRPOTrainer fixed completions by overriding two private methods (TRL has
+    no public way to); a TRL upgrade that renames them must fail here, not silently sample."""
+    trl = pytest.importorskip("trl")
+    for name in ("_generate_and_score_completions", "_prepare_inputs"):
+        assert callable(getattr(trl.GRPOTrainer, name, None)), name

@@ -78,9 +78,11 @@ def step_function(framework: str, accumulation_steps: int):  # noqa: ANN201
         from .lightning import fit_step
 
         return fit_step(accumulation_steps, 0.0, {})
-    from .trl import sft_step
+    if framework == "trl":
+        from .trl import sft_step
 
-    return sft_step(accumulation_steps)
+        return sft_step(accumulation_steps)
+    raise ValueError(f"framework must be trainer, accelerate, lightning or trl; got {framework!r}")
 
 
 def _vector(model: nn.Module) -> Tensor:
@@ -102,6 +104,9 @@ def _updates(step, model: nn.Module, micro_batches: list) -> tuple[Tensor, Tenso
 def decompose(framework: str, scenario) -> dict[str, float]:  # noqa: ANN001
     """Return the cross-entropy part's relative error against the truth's, and the auxiliary
     part's weight and relative error against the large batch's auxiliary update."""
+    if scenario.max_grad_norm:  # the split is linear; a clip is not
+        raise ValueError(f"decompose needs an unclipped scenario; {scenario.key} clips at "
+                         f"{scenario.max_grad_norm}")
     parts = scenario.micro_batches()
     step = step_function(framework, scenario.accumulation_steps)
     with_aux, truth = _updates(step, scenario.model(), parts)

@@ -148,8 +148,9 @@ def committed_table() -> dict:
 
 
 def deviation_lines(table: dict) -> list[str]:
-    """One line per program that reproduces deviating updates: its cells, their relative
-    error, their thread (or "no thread") and the program's module name."""
+    """One line per program that reproduces deviating updates: its cells (then the GRPO loss
+    types'), their relative error, their thread (or "no thread") and the program's module
+    name."""
     grouped: dict[str, list[dict]] = {}
     for cell in table["cells"]:
         if cell["gradient_verdict"] == "deviate":
@@ -164,6 +165,12 @@ def deviation_lines(table: dict) -> list[str]:
         lines.append(f"{' / '.join(names)} × {scenarios}: "
                      f"error {', '.join(errors)}; {', '.join(sorted(threads))}; "
                      f"repro.{program}")
+    for line in table.get("grpo", {}).get("lines", []):
+        if line["verdict"] == "deviate":
+            threads = sorted(t["label"] for t in line["threads"]) or ["no thread"]
+            lines.append(f"TRL GRPO × loss_type {line['loss_type']}: error "
+                         f"{line['relative_error']:.2g}; {', '.join(threads)}; "
+                         f"repro.{Path(line['program']).stem}")
     return lines
 
 

@@ -5,8 +5,6 @@ here, so an English sentence changed without its Chinese stops ``make conformanc
 
 from __future__ import annotations
 
-from .verdicts import NOTES
-
 __all__ = ["TRANSLATED", "WORDS"]
 
 #: the page's own words, by key (the English page's are in table.py's ``_ENGLISH``)
@@ -116,39 +114,10 @@ TRANSLATED = {
         "未解决：报告者发现一个 epoch 最后一个不满的窗口按 accumulate_grad_batches 缩放，"
         "而不是按它实际包含的批次数",
     # notes
-    "no thread found (unexplained upstream). Measured: the update is 56/64 of the truth's, the "
-    "56 predicted tokens over the 64 labelled positions: GPT2LMHeadModel's loss_type is None, "
-    "so the Trainer counts position 0, which the shifted loss never predicts":
-        "没有找到上游讨论（原因不明）。实测：更新是基准真值的 56/64，即 56 个被预测的 token 比 "
-        "64 个有标签的位置：GPT2LMHeadModel 的 loss_type 为 None，`Trainer` 把位置 0 也计入，"
-        "而移位后的损失从不预测它",
-    "no thread found (unexplained). Measured: the update is the mean of the micro-batch means' "
-    "(accelerator.backward divides each mean loss by k)":
-        "没有找到上游讨论（原因不明）。实测：更新等于按微批次均值的均值算出的更新"
-        "（accelerator.backward 把每个平均损失除以 k）",
-    "no thread found (unexplained). Measured: the update is 2/4 of the truth's: the 2 "
-    "micro-batches of the last window are each divided by the configured k = 4":
-        "没有找到上游讨论（原因不明）。实测：更新是基准真值的 2/4：最后一个窗口的 2 个微批次"
-        "各自除以配置的 k = 4",
     "the logged train_loss (on_epoch) is the micro-batch means averaged by the batch size "
     "Lightning infers (sequences), not by tokens: no thread found for the logged value":
         "记录的 train_loss（on_epoch）是按 Lightning 推断的批大小（序列数）加权的微批次均值，"
         "而不是按 token 加权：没有找到关于这个记录值的上游讨论",
-    "no thread found (unexplained). Measured: on 2 gloo ranks, k = 2 each, the update is the "
-    "mean of the 4 micro-batch means', as in one process":
-        "没有找到上游讨论（原因不明）。实测：在 2 个 gloo 进程上、每个 k = 2 时，更新是 4 个"
-        "微批次均值的均值给出的更新，与单进程相同",
-    "no thread found (unexplained). Measured: on 2 gloo ranks, k = 2 each, the update is the "
-    "mean of the 4 micro-batch means' (the cause of Lightning #20350, over ranks), of other "
-    "micro-batches than one process's: under DDP Lightning shuffles the training samples "
-    "(DistributedSampler, seed 0) though the loader given does not; the train_loss logged on "
-    "rank 0 is that rank's own mean of its 2 micro-batch means (self.log's sync_dist is off "
-    "by default)":
-        "没有找到上游讨论（原因不明）。实测：在 2 个 gloo 进程上、每个 k = 2 时，更新是 4 个"
-        "微批次均值的均值给出的更新（即 Lightning #20350 的原因，跨进程），但微批次与单进程的"
-        "不同：DDP 下 Lightning 会打乱训练样本（DistributedSampler，seed 0），即使传入的 "
-        "DataLoader 不打乱；0 号进程记录的 train_loss 是它自己 2 个微批次均值的均值"
-        "（self.log 的 sync_dist 默认关闭）",
     # TRL
     "merged: causal-LM losses never predict position 0, so the Trainer counts labels[..., 1:] "
     "for num_items_in_batch, but only for models whose loss_type maps to ForCausalLMLoss":
@@ -317,10 +286,20 @@ TRANSLATED["paper (ACL 2025): MoE training frameworks compute the load-balancing
     "论文（ACL 2025）：MoE 训练框架通常在每个微批次内计算负载均衡损失；"
     "作者在各微批次之间同步专家被选中的频率，在全局批次上计算它，并报告困惑度更低、专家分工更明确")
 _LOGGED_SMALL_ZH = "；记录的损失与窗口真实均值之差在容差（1e-6）以内"
-TRANSLATED |= {  # the notes of the MoE cells, by their cells (verdicts.NOTES)
-    NOTES[("accelerate", "moe_aux")]: _MOE_MEAN_ZH,
-    NOTES[("lightning", "moe_aux")]: _MOE_MEAN_ZH + _LOGGED_SMALL_ZH,
-    NOTES[("trl", "moe_aux")]:
+# keyed by the English as every entry here is: an English edit without its Chinese raises
+_MOE_MEAN = (
+    "a design choice, not a bug: the framework takes each micro-batch's load-balancing loss, "
+    "as MoE training frameworks usually do (Qiu et al. 2025, who sync the routed counts over the "
+    "global batch instead). Measured: the cross-entropy part matches and the auxiliary part has "
+    "the large batch's weight (1.00), but it is the mean of the 4 micro-batches' load-balancing "
+    "gradients, 30% off the window's: the loss is a product of two batch means, so no "
+    "per-micro-batch scale gives the window's (notebook 08 §2: the window's routed counts do)")
+_LOGGED_SMALL = "; the logged loss is within the tolerance (1e-6) of the window's true mean"
+TRANSLATED |= {  # the notes of the MoE cells
+    _MOE_MEAN: _MOE_MEAN_ZH,
+    _MOE_MEAN + _LOGGED_SMALL: _MOE_MEAN_ZH + _LOGGED_SMALL_ZH,
+    _MOE_MEAN + "; SFTTrainer divides the term by the accumulation steps, and Qwen3-MoE's "
+    "loss_type is ForCausalLM, so its count is right" + _LOGGED_SMALL:
         _MOE_MEAN_ZH + "；SFTTrainer 把这一项除以累积步数，且 Qwen3-MoE 的 loss_type 是 "
         "ForCausalLM，所以它的 token 计数正确" + _LOGGED_SMALL_ZH,
 }
