@@ -21,7 +21,7 @@ import torch
 from .scenarios import SCENARIOS, make_optimizer
 from .verdicts import GRPO_NOTES, GRPO_PROGRAMS, GRPO_THREADS, TOLERANCE
 
-__all__ = ["LOSS_TYPES", "PROMPTS", "grpo_run", "grpo_table", "measure", "run_all",
+__all__ = ["LOSS_TYPES", "PROMPTS", "grpo_run", "grpo_table", "measure",
            "token_weighted_update"]
 
 #: the loss types of TRL 1.16.0's GRPOTrainer, all run here
@@ -112,11 +112,6 @@ def measure(loss_type: str) -> dict:
             "tokens_per_micro_batch": [int(mb["completion_mask"].sum())
                                        for mb in a["micro_batches"]],
             "version": version("trl")}
-
-
-def run_all(loss_types: tuple[str, ...] = LOSS_TYPES) -> list[dict]:
-    """The GRPO table: one line per loss type."""
-    return [measure(loss_type) for loss_type in loss_types]
 
 
 def grpo_table(loss_types: tuple[str, ...] = LOSS_TYPES, *, progress: bool = False) -> dict:
