@@ -11,10 +11,8 @@ with the same values (:func:`wrong`); an answer that is one number is a :class:`
 from __future__ import annotations
 
 import importlib
-import os
 import re
 import string
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -191,17 +189,14 @@ class Numeric:
 
 @contextmanager
 def one_process_group() -> Iterator[None]:
-    """A gloo process group of one process (05.1's DDP, 08.1's pipeline), destroyed after."""
-    with tempfile.TemporaryDirectory() as folder:
-        store = dist.FileStore(os.path.join(folder, "store"), 1)
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-        try:
-            yield
-        finally:
-            dist.destroy_process_group()
-            # the store's destructor removes its file: run it now, before the folder is removed
-            # (a CI worker once aborted inside that removal, with the store still alive)
-            del store
+    """A gloo process group of one process (05.1's DDP, 08.1's pipeline), destroyed after. Its
+    store lives in memory: no file or folder to remove while gloo's threads wind down (a CI
+    worker twice aborted inside the removal of a FileStore's folder)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 for _notebook in ("ex00", "ex01", "ex02", "ex03", "ex04", "ex04b", "ex05", "ex06", "ex07",
