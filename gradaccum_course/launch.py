@@ -65,11 +65,10 @@ class LaunchTimeout(LaunchError):
 def launch(module: str, arguments: list[str], *, nproc_per_node: int = 2,
            timeout_seconds: float = 300.0) -> dict:
     """Return the JSON that rank 0 wrote, running ``torchrun --nproc_per_node=N -m MODULE
-    ARGUMENTS --json PATH`` (``MODULE`` may be a ``.py`` script) with ``OMP_NUM_THREADS=1``.
-
-    The run listens on loopback only; none of its processes outlives a timeout, an error, an
-    interrupt, this process's death or the agent's by more than about 2 s. Raises
-    :class:`LaunchTimeout`, or :class:`LaunchError` (failing ranks' stderr, or the agent's end)."""
+    ARGUMENTS --json PATH`` (``MODULE`` may be a ``.py`` script) with ``OMP_NUM_THREADS=1``, on
+    loopback only; raises :class:`LaunchTimeout` or :class:`LaunchError`. No process of the run
+    outlives a timeout, an error, an interrupt, this process's or the agent's death by more
+    than about 2 s."""
     check_positive_int("nproc_per_node", nproc_per_node)
     if timeout_seconds <= 0:
         raise ValueError(f"timeout_seconds must be > 0; got {timeout_seconds}")
@@ -115,7 +114,6 @@ def launch(module: str, arguments: list[str], *, nproc_per_node: int = 2,
 
 
 def _program(module: str) -> list[str]:
-    """Return torchrun's program arguments: ``-m MODULE``, or a script path ending in ``.py``."""
     return [module] if module.endswith(".py") else ["-m", module]
 
 
@@ -127,9 +125,8 @@ def _is_alive(process: psutil.Process) -> bool:
 
 
 def _die_with_parent(signum: int) -> None:
-    """Have Linux send ``signum`` to this process when its parent dies (``PR_SET_PDEATHSIG``)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, int(signum), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    if sys.platform.startswith("linux"):  # 1: PR_SET_PDEATHSIG, signum when the parent dies
+        ctypes.CDLL(None).prctl(1, int(signum), 0, 0, 0)
 
 
 class _Run:
@@ -140,7 +137,6 @@ class _Run:
         self.processes = {process.pid: psutil.Process(process.pid)} if process else {}
 
     def rank_logs(self) -> dict[int, str]:
-        """Return each rank's stderr log, by rank."""
         return {int(path.parent.name): path.read_text(errors="replace")
                 for path in (self.folder / "logs").glob("**/stderr.log")
                 if path.parent.name.isdigit()}
@@ -175,8 +171,7 @@ class _Run:
                              process_ids=tuple(self.processes))
 
     def exit_error(self, module: str) -> LaunchError:
-        """Return the error of a run that exited non-zero: failing ranks' stderr, root cause
-        first, or how the agent ended."""
+        """Return the error of a run that exited non-zero: its root cause, failing ranks' stderr."""
         returncode, logs = self.process.returncode, self.rank_logs()
         agent_log = (self.folder / "agent.log").read_text(errors="replace")
         tails = {r: log[-_TAIL_CHARS:] for r, log in logs.items() if log}
@@ -229,8 +224,7 @@ class _Run:
 
 def run_worker(main: Callable[[], int]) -> None:
     """Run a torchrun worker's ``main`` and exit with the code it returns. Under torchrun it dies
-    with its agent, SIGUSR1 prints its Python stacks (for launch()), and it exits without the
-    interpreter's finalisation, where gloo's threads can abort it after the work is done."""
+    with its agent, and SIGUSR1 prints its Python stacks (for launch())."""
     if "TORCHELASTIC_RUN_ID" in os.environ:
         run_id, _, pid = os.environ.get(_AGENT_VARIABLE, "").partition(":")
         agent = int(pid) if pid and run_id == os.environ["TORCHELASTIC_RUN_ID"] else _IMPORT_PARENT
@@ -240,31 +234,30 @@ def run_worker(main: Callable[[], int]) -> None:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         code = main()
-    except SystemExit as exit_:
+    except SystemExit as exit_:  # sys.exit("message"): the message to stderr, code 1, as Python
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        if exit_.code is not None and not isinstance(exit_.code, int):
+            print(exit_.code, file=sys.stderr)
     except BaseException:  # noqa: BLE001 - report any failure as the rank's traceback
         traceback.print_exc()
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     if "TORCHELASTIC_RUN_ID" in os.environ or "RANK" in os.environ:
-        os._exit(code)
+        os._exit(code)  # no finalisation, where gloo's threads can abort a finished worker
     sys.exit(code)
 
 
-def torchrun_command(module: str, arguments: list[str], *, nproc_per_node: int,
-                     nnodes: int = 1, rdzv_endpoint: str | None = None,
-                     rdzv_id: str = "gradaccum") -> str:
-    """Return the torchrun command line to run ``module`` (a module name, or a script path
-    ending in ``.py``) on one node (``--standalone``) or, the same line on every node, on
-    ``nnodes`` nodes meeting at the c10d rendezvous ``rdzv_endpoint`` (host:port of one)."""
+def torchrun_command(module: str, arguments: list[str], *, nproc_per_node: int, nnodes: int = 1,
+                     rdzv_endpoint: str | None = None, rdzv_id: str = "gradaccum") -> str:
+    """Return the torchrun command line for ``module`` (or a ``.py`` script) on one node
+    (``--standalone``), or on each of ``nnodes`` nodes meeting at ``rdzv_endpoint`` (host:port)."""
     if nnodes < 1 or nproc_per_node < 1:
         raise ValueError(f"nnodes and nproc_per_node must be >= 1; got {nnodes}, {nproc_per_node}")
     if nnodes > 1 and rdzv_endpoint is None:
         raise ValueError("rdzv_endpoint (host:port) is required for more than one node")
-    launcher = ["--standalone"] if nnodes == 1 else [
-        f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
-        f"--rdzv-id={rdzv_id}"]
+    launcher = ["--standalone"] if nnodes == 1 else [f"--nnodes={nnodes}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
     return shlex.join(["torchrun", *launcher, f"--nproc_per_node={nproc_per_node}",
                        *_program(module), *arguments])
 
@@ -274,7 +267,6 @@ if __name__ == "__main__":  # launch()'s agent: CALLER_PID FOLDER RUN_ID TORCHRU
     os.environ[_AGENT_VARIABLE] = f"{run_id}:{os.getpid()}"  # for its workers
 
     def caller_gone(*_: object) -> None:
-        """End the run, remove its folder and exit: launch()'s caller died."""
         _Run(Path(folder), os.environ[STORE_FILE_VARIABLE]).end()
         shutil.rmtree(folder, ignore_errors=True)
         os._exit(1)

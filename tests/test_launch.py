@@ -410,3 +410,17 @@ def test_no_worker_escapes_an_agent_killed_as_it_starts_them(tmp_path):
         finally:
             _kill(seen)
             _kill(int(path.read_text()) for path in tmp_path.iterdir() if path.read_text())
+
+
+@pytest.mark.parametrize(("exit_call", "code", "stderr"), [
+    ('sys.exit("refused: --epochs must be <= 1000")', 1, "refused: --epochs must be <= 1000\n"),
+    ("sys.exit(3)", 3, ""), ("sys.exit()", 0, "")])
+def test_run_worker_exits_as_python_does_on_sys_exit(exit_call, code, stderr):
+    """A worker's sys.exit("message") prints the message and exits 1, as the interpreter does;
+    a number is the exit code, and says nothing."""
+    program = ("import sys\nfrom gradaccum_course.launch import run_worker\n"
+               f"run_worker(lambda: {exit_call})\n")
+    environment = {k: v for k, v in os.environ.items() if k not in ("RANK", "TORCHELASTIC_RUN_ID")}
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          env=environment, timeout=60, check=False)
+    assert (done.returncode, done.stderr) == (code, stderr)
