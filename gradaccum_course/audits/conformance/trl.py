@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 from gradaccum_lib.equivalence import audit_update
 
+from .grpo import ACCUMULATION_STEPS, LOSS_TYPES, MICRO_BATCH_SIZE
 from .scenarios import (
     SCENARIOS,
     VOCABULARY,
@@ -34,11 +35,11 @@ __all__ = ["GRPO", "GRPO_NOT_RUN", "NAME", "NOT_RUN", "PACKAGE", "make_tokenizer
 NAME, PACKAGE = "TRL SFTTrainer", "trl"
 GRPO_NOT_RUN = (
     "GRPOTrainer does not train on the scenarios' token windows: it generates its own "
-    "completions and rewards them, so its loss types (grpo, bnpo, dr_grpo, dapo, cispo, sapo, "
-    "vespo, luspo) are measured on a generated window of their own, in the GRPO table: "
-    "GRPOTrainer(...).train() with k = 4 micro-batches of 2 against one batch of 8 on the same "
-    "completions (the update only; not its logged loss, several processes, more than one "
-    "iteration or a partial window)")
+    f"completions and rewards them, so its loss types ({', '.join(LOSS_TYPES)}) are measured "
+    "on a generated window of their own, in the GRPO table: GRPOTrainer(...).train() with "
+    f"k = {ACCUMULATION_STEPS} micro-batches of {MICRO_BATCH_SIZE} against one batch of "
+    f"{ACCUMULATION_STEPS * MICRO_BATCH_SIZE} on the same completions (the update only; not "
+    "its logged loss, several processes, more than one iteration or a partial window)")
 _OWN_LOSS = (
     "does not apply: SFTTrainer computes the token loss itself (its fused LM head, not the "
     "model's forward) and its collator always labels position 0 (labels = input_ids)")

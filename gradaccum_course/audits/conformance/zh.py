@@ -5,6 +5,9 @@ here, so an English sentence changed without its Chinese stops ``make conformanc
 
 from __future__ import annotations
 
+from .grpo import ACCUMULATION_STEPS, LOSS_TYPES, MICRO_BATCH_SIZE
+from .trl import GRPO_NOT_RUN
+
 __all__ = ["TRANSLATED", "WORDS"]
 
 #: the page's own words, by key (the English page's are in table.py's ``_ENGLISH``)
@@ -149,17 +152,6 @@ TRANSLATED = {
     "model's forward) and its collator always labels position 0 (labels = input_ids)":
         "不适用：SFTTrainer 自己计算 token 损失（用它融合的 LM 头，而不是模型的 `forward`），"
         "且它的整理函数总给位置 0 打标签（labels = input_ids）",
-    "GRPOTrainer does not train on the scenarios' token windows: it generates its own "
-    "completions and rewards them, so its loss types (grpo, bnpo, dr_grpo, dapo, cispo, sapo, "
-    "vespo, luspo) are measured on a generated window of their own, in the GRPO table: "
-    "GRPOTrainer(...).train() with k = 4 micro-batches of 2 against one batch of 8 on the same "
-    "completions (the update only; not its logged loss, several processes, more than one "
-    "iteration or a partial window)":
-        "GRPOTrainer 不在这些场景的 token 窗口上训练：它自己生成补全并打奖励，所以它的各种损失"
-        "类型（grpo、bnpo、dr_grpo、dapo、cispo、sapo、vespo、luspo）在它自己的一个生成窗口上"
-        "测量，见 GRPO 表：GRPOTrainer(...).train() 用 k = 4 个每个 2 条的微批次，与同一批补全"
-        "组成的一个 8 条的批次对比（只比较更新；不比较它记录的损失，也不测多个进程、多于一次"
-        "迭代或不满的窗口）",
     "Accelerate logs no loss: the loop's user logs what they compute":
         "Accelerate 自己不记录损失：记录什么由写循环的人决定",
     # added with the MoE scenario and the threads read in December 2026
@@ -331,3 +323,11 @@ TRANSLATED |= {
         "实测：一致。原因（读源码）：每个微批次的和除以（它的 2 条序列 × "
         "max_completion_length）再除以 k，等于大批次的和除以（8 × max_completion_length）",
 }
+
+# the GRPO row's reason: its loss types and sizes are grpo.py's, in both languages
+TRANSLATED[GRPO_NOT_RUN] = (
+    "GRPOTrainer 不在这些场景的 token 窗口上训练：它自己生成补全并打奖励，所以它的各种损失"
+    f"类型（{'、'.join(LOSS_TYPES)}）在它自己的一个生成窗口上测量，见 GRPO 表："
+    f"GRPOTrainer(...).train() 用 k = {ACCUMULATION_STEPS} 个每个 {MICRO_BATCH_SIZE} 条的微批次，"
+    f"与同一批补全组成的一个 {ACCUMULATION_STEPS * MICRO_BATCH_SIZE} 条的批次对比（只比较更新；"
+    "不比较它记录的损失，也不测多个进程、多于一次迭代或不满的窗口）")
