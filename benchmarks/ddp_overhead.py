@@ -6,9 +6,9 @@ by ``benchmarks/run.py`` under torchrun (2 gloo processes). The contenders share
 DDP-wrapped copies of the same MLP (each with its AdamW), the same micro-batches:
 
 - ``library``: :func:`~gradaccum_lib.accumulation.accumulate_window`;
-- ``exact_plain``: the plain loop written torchtune-style (:func:`exact_plain_loop`): summed
+- ``exact_plain``: the plain loop written torchtune-style (``run.exact_plain_loop``): summed
   losses, one async all-reduce of the window's item count during the last backward, one
-  foreach rescale by world size / global items. Checked exact against the library's loop on
+  rescale by world size / global items. Checked exact against the library's loop on
   uneven micro-batches and ranks (:func:`check_exact`) before anything is timed;
 - ``plain``: the nanoGPT loop (DDP's all-reduce; it divides by k, so it is exact only when
   every rank's micro-batches hold the same number of samples): ``exact_plain / plain`` is the
@@ -33,12 +33,11 @@ differences, in µs); rank 0 writes JSON.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -57,6 +56,7 @@ from gradaccum_lib.workloads.models import make_mlp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import (  # noqa: E402 - benchmarks/run.py, beside this file
+    exact_plain_loop,
     trading_copies,
     warm_up,
     without_gradient_norm,
@@ -76,32 +76,6 @@ def mean_loss(model, batch):  # noqa: ANN001, ANN201
     return summed / count
 
 
-def exact_plain_loop(model: DistributedDataParallel, optimizer: torch.optim.Optimizer,
-                     ) -> Callable[[Sequence], None]:
-    """Return ``run(window)``: the exact plain ``no_sync`` loop, torchtune-style. Backward
-    on each micro-batch's summed loss (syncing on the last only, set before its forward);
-    the window's item count all-reduced during the last backward; then every gradient times
-    world size / global items (DDP averaged over ranks), one step."""
-    world_size = dist.get_world_size()
-
-    def run(window: Sequence) -> None:
-        items = torch.zeros(1, dtype=torch.float64)
-        last = len(window) - 1
-        for index, micro_batch in enumerate(window):
-            with model.no_sync() if index < last else contextlib.nullcontext():
-                summed, count = sample_classification_loss(model, micro_batch)
-                items += count
-                if index == last:
-                    pending = dist.all_reduce(items, async_op=True)
-                summed.backward()
-        pending.wait()
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        torch._foreach_mul_(grads, world_size / items.item())
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return run
-
-
 def check_exact(rank: int) -> None:
     """Raise unless one window of :func:`exact_plain_loop` updates the model as the library's
     loop does, on micro-batches uneven within and across ranks (SGD: AdamW's first step
@@ -111,7 +85,8 @@ def check_exact(rank: int) -> None:
     library, exact = (DistributedDataParallel(make_mlp(16, 8, 4)) for _ in range(2))
     accumulate_window(library, torch.optim.SGD(library.parameters(), lr=1.0), window,
                       sample_classification_loss)
-    exact_plain_loop(exact, torch.optim.SGD(exact.parameters(), lr=1.0))(window)
+    exact_plain_loop(exact, torch.optim.SGD(exact.parameters(), lr=1.0),
+                     sample_classification_loss)(window)
     for a, b in zip(library.parameters(), exact.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
@@ -139,8 +114,12 @@ def contenders(k: int, window: list, hidden_dim: int, windows_per_turn: int) -> 
                         ) -> Callable:
         return without_gradient_norm(library(model, optimizer))
 
+    def exact_plain(model: DistributedDataParallel, optimizer: torch.optim.Optimizer,
+                    ) -> Callable:
+        return exact_plain_loop(model, optimizer, sample_classification_loss)
+
     makers = {"library": library, "library_no_norm": library_no_norm, "plain": plain,
-              "exact_plain": exact_plain_loop, "exact_plain_copy": exact_plain_loop}
+              "exact_plain": exact_plain, "exact_plain_copy": exact_plain}
     return trading_copies(makers, copies, window, windows_per_turn)
 
 

@@ -18,6 +18,7 @@ here take the model factory, loss and batch they measure, on any device:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -28,8 +29,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from matplotlib.figure import Figure
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from gradaccum_course.audits.frameworks import accelerate_loop, bare_loop
 from gradaccum_course.launch import launch
@@ -112,6 +115,41 @@ def library_loop(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Lo
 Loop = Callable[[Sequence[Batch]], object]
 
 
+def exact_plain_loop(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
+                     ) -> Loop:
+    """Return ``run(window)``: the plain loop made exact torchtune-style, and nothing more.
+    Backward on each micro-batch's summed loss (under DDP syncing on the last only, set before
+    its forward); the window's item count, all-reduced during the last backward when there
+    are several ranks; every gradient times world size / items (DDP averaged over ranks); one
+    step. No checks, no norm: over the bare loop, what exactness costs; under the library's
+    loop, what its checks, bookkeeping and norm cost."""
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    parameters = list(model.parameters())
+
+    def run(window: Sequence[Batch]) -> None:
+        items, pending, last = 0.0, None, len(window) - 1
+        for index, micro_batch in enumerate(window):
+            syncs = index == last or not isinstance(model, DistributedDataParallel)
+            with contextlib.nullcontext() if syncs else model.no_sync():
+                summed, count = loss_fn(model, micro_batch)
+                items = items + count  # a tensor count stays on the model's device
+                if index == last and world_size > 1:
+                    items = torch.as_tensor(items, dtype=torch.float64,
+                                            device=parameters[0].device)
+                    pending = dist.all_reduce(items, async_op=True)
+                summed.backward()
+        if pending is not None:
+            pending.wait()
+        scale = world_size / float(items)
+        with torch.no_grad():
+            for parameter in parameters:
+                if parameter.grad is not None:
+                    parameter.grad.mul_(scale)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return run
+
+
 def without_gradient_norm(run: Loop) -> Loop:
     """Return ``run`` with ``torch.nn.utils.get_total_norm`` answering 0 while it runs: the
     library's loop less its one pass for the gradient's norm (its non-finite-gradient check and
@@ -163,19 +201,21 @@ def warm_up(calls: Mapping[str, Callable[[], object]], rounds: int, calls_per_tu
 def loop_overhead(name: str, make_model: Callable[[], nn.Module], batch: Batch, loss_fn: LossFn,
                   ks: Sequence[int], repeats: int, windows_per_turn: int = 1) -> list[dict]:
     """Return, per k, the time of one optimizer step of each loop (the library's, the
-    library's without its gradient norm (:func:`without_gradient_norm`), bare nanoGPT, the bare
-    loop again (an A/A control: what a tie measures in this run), Accelerate) on the same
-    model, data and k; the paired ratios: the library's to the others, the library's without
-    the norm and the bare copy's to the bare loop; and the library's paired excess over the
-    bare loop, µs per window. A loop's turn is ``windows_per_turn`` consecutive windows, as
-    in training (``time_interleaved``'s ``calls_per_turn``). The library's two loops and the
-    two bare loops trade four model copies every turn (:func:`trading_copies`); Accelerate
-    keeps the one it prepared. ``make_model`` builds the model on the batch's device."""
+    library's without its gradient norm (:func:`without_gradient_norm`), the exact plain loop
+    (:func:`exact_plain_loop`), bare nanoGPT, the bare loop again (an A/A control: what a tie
+    measures in this run), Accelerate) on the same model, data and k; the paired ratios: the
+    library's to the bare loop, the exact plain loop and Accelerate, and the library's without
+    the norm, the exact plain loop's and the bare copy's to the bare loop; and the library's
+    paired excess over the bare loop, µs per window. A loop's turn is ``windows_per_turn``
+    consecutive windows, as in training (``time_interleaved``'s ``calls_per_turn``). All but
+    Accelerate trade five model copies every turn (:func:`trading_copies`); Accelerate keeps
+    the one it prepared. ``make_model`` builds the model on the batch's device."""
     rows = []
     for k in ks:
         window = split_into_micro_batches(batch, accumulation_steps=k)
         copies = [(model, torch.optim.AdamW(model.parameters(), lr=1e-4))
-                  for model in (make_model() for _ in range(4))]
+                  for model in (make_model() for _ in range(5))]
+
         def bare(model: nn.Module, optimizer: torch.optim.Optimizer, k: int = k) -> Loop:
             return bare_loop(model, optimizer, k, mean_loss)
 
@@ -185,9 +225,12 @@ def loop_overhead(name: str, make_model: Callable[[], nn.Module], batch: Batch, 
         def library_no_norm(model: nn.Module, optimizer: torch.optim.Optimizer) -> Loop:
             return without_gradient_norm(library_loop(model, optimizer, loss_fn))
 
+        def exact_plain(model: nn.Module, optimizer: torch.optim.Optimizer) -> Loop:
+            return exact_plain_loop(model, optimizer, loss_fn)
+
         loops = trading_copies({"library": library, "library_no_norm": library_no_norm,
-                                "bare": bare, "bare_copy": bare}, copies, window,
-                               windows_per_turn)
+                                "exact_plain": exact_plain, "bare": bare, "bare_copy": bare},
+                               copies, window, windows_per_turn)
         model = make_model()
         run = accelerate_loop(model, torch.optim.AdamW(model.parameters(), lr=1e-4), k,
                               mean_loss)[0]
@@ -198,7 +241,8 @@ def loop_overhead(name: str, make_model: Callable[[], nn.Module], batch: Batch, 
         row = {"model": name, "k": k, "windows_per_turn": windows_per_turn,
                **{label: summary(t) for label, t in timings.items()}}
         for a, b in (("library", "bare"), ("library", "accelerate"), ("bare_copy", "bare"),
-                     ("library_no_norm", "bare")):
+                     ("library_no_norm", "bare"), ("exact_plain", "bare"),
+                     ("library", "exact_plain")):
             row[f"{a}_vs_{b}"] = paired_ratio(timings[a], timings[b])
         pairs = zip(timings["library"].samples, timings["bare"].samples, strict=True)
         row["library_minus_bare_us"] = 1e6 * Timing(tuple(a - b for a, b in pairs)).median
@@ -393,15 +437,20 @@ def markdown(results: dict, out: Path = HERE) -> str:
              "consecutive windows. *Bare copy*: the bare loop again, another contender, what "
              "a tie measures in this run. *Without its norm*: the library's loop with "
              "`get_total_norm` answering 0 (`without_gradient_norm`), what its one pass for "
-             "the non-finite-gradient check costs. These four trade four copies of the model "
-             "every turn; Accelerate keeps the one it prepared.", "",
-             "| model | k | library / bare | library without its norm / bare | bare copy / bare "
-             "| library / Accelerate | library − bare, µs per window | library ms (min–max) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "the non-finite-gradient check costs. *Exact plain*: the plain loop made exact "
+             "(summed losses, one rescale by the window's items; `exact_plain_loop`), no "
+             "checks, no norm: over the bare loop, what exactness costs. These five trade five "
+             "copies of the model every turn; Accelerate keeps the one it prepared.", "",
+             "| model | k | library / bare | library without its norm / bare | exact plain / "
+             "bare | library / exact plain | bare copy / bare | library / Accelerate | "
+             "library − bare, µs per window | library ms (min–max) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in results["loop_overhead"]:
         lib = row["library"]
         lines.append(f"| {row['model']} | {row['k']} | {row['library_vs_bare']:.3f} | "
-                     f"{row['library_no_norm_vs_bare']:.3f} | {row['bare_copy_vs_bare']:.3f} | "
+                     f"{row['library_no_norm_vs_bare']:.3f} | "
+                     f"{row['exact_plain_vs_bare']:.3f} | "
+                     f"{row['library_vs_exact_plain']:.3f} | {row['bare_copy_vs_bare']:.3f} | "
                      f"{row['library_vs_accelerate']:.3f} | "
                      f"{row['library_minus_bare_us']:+.0f} | {1e3 * lib['median']:.2f} "
                      f"({1e3 * lib['min']:.2f}–{1e3 * lib['max']:.2f}) |")
@@ -443,10 +492,11 @@ def markdown(results: dict, out: Path = HERE) -> str:
               "Each window is timed after a barrier, "
               f"{'one window' if ddp_turn == 1 else f'{ddp_turn} consecutive windows'} a turn; "
               "the five loops trade five DDP copies of the model every turn. *Exact plain*: "
-              "the no_sync loop made exact torchtune-style (all-reduced item count, one foreach "
-              "rescale); over nanoGPT's (÷ k): the price of exactness. *A/A*: it again, as "
-              "another contender. *Without its norm*: the library's loop with `get_total_norm` "
-              "answering 0. *Fixed cost*: the median over rounds of library − exact plain.", "",
+              "the no_sync loop made exact torchtune-style (`exact_plain_loop`: all-reduced "
+              "item count, one rescale); over nanoGPT's (÷ k): the price of exactness. *A/A*: "
+              "it again, as another contender. *Without its norm*: the library's loop with "
+              "`get_total_norm` answering 0. *Fixed cost*: the median over rounds of library − "
+              "exact plain.", "",
               "| k | library / exact plain | library without its norm / exact plain | exact "
               "plain / nanoGPT plain | A/A: exact plain copy / exact plain | library's fixed "
               "cost, µs per window | library ms (min–max) |", "|---|---|---|---|---|---|---|"]
@@ -469,13 +519,16 @@ def figure(results: dict) -> Figure:
     for model in sorted({r["model"] for r in results["loop_overhead"]}):
         rows = [r for r in results["loop_overhead"] if r["model"] == model]
         ks = [r["k"] for r in rows]
-        left.plot(ks, [r["library_vs_bare"] for r in rows], marker="o", label=f"{model}: / bare")
+        left.plot(ks, [r["library_vs_bare"] for r in rows], marker="o",
+                  label=f"{model}: library / bare")
+        left.plot(ks, [r["exact_plain_vs_bare"] for r in rows], marker="^", linestyle=":",
+                  label=f"{model}: exact plain / bare")
         left.plot(ks, [r["library_vs_accelerate"] for r in rows], marker="s", linestyle="--",
-                  label=f"{model}: / Accelerate")
+                  label=f"{model}: library / Accelerate")
     left.axhline(1.0, color="grey", linewidth=1)
     left.set_xscale("log", base=2)
     left.set_xlabel("accumulation steps k")
-    left.set_ylabel("library step time ratio (median)")
+    left.set_ylabel("step time ratio (median)")
     left.legend(fontsize="small")
     bert = results["bert_long"]
     for label, rows in (("MLP", results["micro_batch_time"]),

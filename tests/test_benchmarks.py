@@ -20,10 +20,12 @@ def test_quick_benchmark_writes_json_table_and_figure(tmp_path):
     overhead = results["loop_overhead"]
     assert {row["model"] for row in overhead} == {"MLP", "tiny BERT"}
     for row in overhead:
-        for loop in ("library", "library_no_norm", "bare", "bare_copy", "accelerate"):
+        for loop in ("library", "library_no_norm", "exact_plain", "bare", "bare_copy",
+                     "accelerate"):
             assert 0 < row[loop]["min"] <= row[loop]["median"] <= row[loop]["max"]
         assert row["library_vs_bare"] > 0 and row["library_vs_accelerate"] > 0
         assert row["bare_copy_vs_bare"] > 0 and row["library_no_norm_vs_bare"] > 0
+        assert row["exact_plain_vs_bare"] > 0 and row["library_vs_exact_plain"] > 0
         assert isinstance(row["library_minus_bare_us"], float)  # a difference: either sign
         assert row["windows_per_turn"] == (2 if row["model"] == "MLP" else 1)
     memory = results["activation_memory"]
@@ -104,6 +106,47 @@ def test_the_committed_tables_are_the_committed_results():
     assert section.strip() == module.markdown(results, COMMITTED).strip()
 
 
+@pytest.mark.parametrize("loss", ["sample", "token"])
+def test_the_exact_plain_loop_updates_as_the_library_loop(loss):
+    """run.exact_plain_loop, the reference the library's loop is timed against, is exact: one
+    window of uneven micro-batches (number counts; token counts, which are tensors) updates
+    the model as accumulate_window does."""
+    import torch
+
+    from gradaccum_lib import split_into_micro_batches
+    from gradaccum_lib.accumulation import accumulate_window
+    from gradaccum_lib.losses import sample_classification_loss, token_classification_loss
+    from gradaccum_lib.workloads.data import make_toy_classification
+    from gradaccum_lib.workloads.models import make_mlp
+
+    def token_model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Embedding(20, 8), torch.nn.Linear(8, 3)).double()
+
+    if loss == "sample":
+        loss_fn, make_model = sample_classification_loss, lambda: make_mlp(6, 8, 3)
+        window = split_into_micro_batches(make_toy_classification(11, 6, 3, seed=1),
+                                          accumulation_steps=3)
+    else:  # 3 real tokens, then 4, then 1
+        loss_fn, make_model = token_classification_loss, token_model
+        window = [{"input_ids": torch.tensor([[3, 4, 5, 0]]),
+                   "labels": torch.tensor([[1, 2, 0, -100]])},
+                  {"input_ids": torch.tensor([[5, 6, 7, 8]]),
+                   "labels": torch.tensor([[0, 1, 2, 0]])},
+                  {"input_ids": torch.tensor([[9, 0, 0, 0]]),
+                   "labels": torch.tensor([[2, -100, -100, -100]])}]
+    module = load_script("benchmarks/run.py")
+    library, exact = make_model(), make_model()
+    accumulate_window(library, torch.optim.SGD(library.parameters(), lr=1.0), window, loss_fn)
+    module.exact_plain_loop(exact, torch.optim.SGD(exact.parameters(), lr=1.0), loss_fn)(window)
+    moved = False
+    for a, b, start in zip(library.parameters(), exact.parameters(), make_model().parameters(),
+                           strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+        moved = moved or not torch.equal(a, start)
+    assert moved  # a step was taken
+
+
 def _verdict_row(verdict: str, label: str) -> str:
     return next(line for line in verdict.splitlines() if line.startswith(f"| {label} |"))
 
@@ -124,6 +167,8 @@ def test_the_verdict_cites_the_committed_run():
     rows = {(row["model"], row["k"]): row for row in results["loop_overhead"]}
     checks = {  # verdict row -> [(ratio column, model), ...] in the order the row quotes them
         "MLP: library / bare loop": [("library_vs_bare", "MLP")],
+        "MLP: exact plain loop / bare loop": [("exact_plain_vs_bare", "MLP")],
+        "MLP: library / exact plain loop": [("library_vs_exact_plain", "MLP")],
         "MLP: library without its norm / bare loop": [("library_no_norm_vs_bare", "MLP")],
         "tiny BERT: library / bare loop": [("library_vs_bare", "tiny BERT")],
         "library / 🤗 Accelerate": [("library_vs_accelerate", "MLP"),
